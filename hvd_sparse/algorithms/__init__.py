@@ -1,0 +1,7 @@
+"""Sparsification methods, one module each, written once for every framework."""
+
+from .base import GATHER, MODEL, SHARED, TENSOR, UNION, Algorithm, StepContext, StepOutcome
+from .topk import TopK
+
+__all__ = ["GATHER", "MODEL", "SHARED", "TENSOR", "UNION", "Algorithm", "StepContext", "StepOutcome",
+           "TopK"]

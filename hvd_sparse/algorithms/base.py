@@ -1,0 +1,126 @@
+"""What every sparsification method provides to the engine.
+
+A method is a selection rule plus, where it has one, a controller. The engine owns everything the
+methods share -- error feedback, the communication patterns, reconstruction, statistics,
+checkpoints -- so a method module says only what is specific to it:
+
+* ``select_local(acc, control, ctx)``: the indices this rank sends, from its accumulated vector
+  (gradient + residual), using backend ops for bulk work. A method whose selection needs a
+  collective (e.g. an assignment broadcast by a master) overrides the generator ``select``.
+* ``init_control`` / ``observe``: host-side control state (thresholds, partitions, k) and its
+  update from what the step exchanged. These are small pure computations on NumPy/Python data
+  that every rank performs identically, so ranks agree without extra messages.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+from ..backends import Backend
+from ..comm import Protocol, finished
+from ..errors import ConfigurationError
+
+GATHER = "gather"   # allgather (index, value) pairs; scatter-add; divide by N
+UNION = "union"     # allgather indices; allreduce every rank's values at the union; divide by N
+SHARED = "shared"   # indices agreed without messages; allreduce the values; divide by N
+PATTERNS = (GATHER, UNION, SHARED)
+
+TENSOR = "tensor"   # one bucket per gradient tensor
+MODEL = "model"     # the whole model as one flat vector
+SCOPES = (TENSOR, MODEL)
+
+
+@dataclass(frozen=True)
+class StepContext:
+    """Facts about the step that every rank sees identically (except ``rank``)."""
+
+    rank: int
+    size: int
+    step: int           # communication rounds completed by this bucket before this one
+    key: str            # the bucket's name
+    numel: int
+    backend: Backend
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """What the step exchanged, handed to ``observe`` so controllers need no extra collective."""
+
+    selected: int                 # this rank's count
+    union_size: int | None        # size of the aggregated index set when known without extra work
+    gathered_indices: Any         # every rank's indices, concatenated in rank order
+
+
+def check_density(density: Any) -> float:
+    """Validate a target density, raising an error that names the fix."""
+    if isinstance(density, bool) or not isinstance(density, (int, float)) or not math.isfinite(density):
+        raise ConfigurationError(f"density must be a number in (0, 1], got {density!r}")
+    if not 0.0 < density <= 1.0:
+        raise ConfigurationError(
+            f"density must be in (0, 1] (the fraction of gradient entries sent each step, e.g. 0.01),"
+            f" got {density!r}")
+    return float(density)
+
+
+def check_choice(option: str, value: Any, choices: tuple) -> Any:
+    if value not in choices:
+        raise ConfigurationError(f"{option} must be one of {choices}, got {value!r}")
+    return value
+
+
+class Algorithm:
+    """Base class: hyper-parameters in ``__init__``, selection and control in methods."""
+
+    name: ClassVar[str] = "abstract"
+    patterns: ClassVar[tuple[str, ...]] = (GATHER,)
+    scopes: ClassVar[tuple[str, ...]] = (TENSOR, MODEL)
+    exclusive: ClassVar[bool] = False   # ranks' selections never overlap: union = concatenation
+    select_collectives: ClassVar[bool] = False  # ``select`` itself issues collectives
+
+    def __init__(self, density: float, *, pattern: str | None = None, scope: str | None = None):
+        self.density = check_density(density)
+        self.pattern = check_choice("pattern", pattern or self.patterns[0], self.patterns)
+        self.scope = check_choice("scope", scope or self.scopes[0], self.scopes)
+
+    def k(self, numel: int) -> int:
+        """Entries to send from a bucket of ``numel``: floor(density * numel), at least one."""
+        return max(1, min(numel, int(self.density * numel)))
+
+    # --- selection ------------------------------------------------------------------------------
+    def select(self, acc: Any, control: Any, ctx: StepContext) -> Protocol:
+        """Protocol returning this rank's indices (int64, non-empty). Default: no collective."""
+        return finished(self.select_local(acc, control, ctx))
+
+    def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
+        raise NotImplementedError
+
+    # --- control state ----------------------------------------------------------------------------
+    def init_control(self, ctx: StepContext) -> Any:
+        """Host-side state of one bucket, created at its first step."""
+        return None
+
+    def observe(self, control: Any, outcome: StepOutcome, ctx: StepContext) -> Any:
+        """Update the control state after a step; returns it."""
+        return control
+
+    def control_stats(self, control: Any) -> dict:
+        """Extra statistics of the last step (e.g. ``threshold``)."""
+        return {}
+
+    def control_state(self, control: Any) -> Any:
+        """Picklable control state for a checkpoint."""
+        return control
+
+    def load_control(self, state: Any, ctx: StepContext, saved_size: int) -> Any:
+        """Control state restored from a checkpoint taken at world size ``saved_size``."""
+        return state
+
+    def describe(self) -> dict:
+        """Hyper-parameters, for logs and checkpoints."""
+        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+
+    def __repr__(self) -> str:
+        args = ", ".join(f"{k}={v!r}" for k, v in self.describe().items())
+        return f"{type(self).__name__}({args})"

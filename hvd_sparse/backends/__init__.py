@@ -1,0 +1,24 @@
+"""Backends: the bulk array operations of each framework (see base.py)."""
+
+from __future__ import annotations
+
+from .base import Backend, index_dtype_for
+
+__all__ = ["Backend", "get_backend", "index_dtype_for"]
+
+_INSTANCES: dict[str, Backend] = {}
+
+
+def get_backend(name: str) -> Backend:
+    """The backend for 'numpy', 'torch' or 'tensorflow' (imported on first use)."""
+    if name not in _INSTANCES:
+        if name == "numpy":
+            from .numpy_backend import NumpyBackend as Implementation
+        elif name == "torch":
+            from .torch_backend import TorchBackend as Implementation
+        elif name == "tensorflow":
+            from .tf_backend import TensorFlowBackend as Implementation
+        else:
+            raise ValueError(f"unknown backend {name!r}: use 'numpy', 'torch' or 'tensorflow'")
+        _INSTANCES[name] = Implementation()
+    return _INSTANCES[name]

@@ -1,0 +1,133 @@
+"""The few bulk array operations the engine needs, one implementation per framework.
+
+Bulk data (gradients, residuals, selected values and indices) never leaves the framework: the
+engine and the algorithms touch it only through these methods, so one algorithm module serves
+NumPy, PyTorch and TensorFlow alike. Every method returns its result; a backend whose arrays are
+mutable may update its first argument in place and return it (the engine always uses the return
+value), so the TensorFlow backend, whose tensors are immutable, fits the same code.
+
+Control decisions (thresholds, counts, partitions) are not made here: they are small NumPy
+computations that read host scalars (``to_numpy``, ``item``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+Array = Any  # a framework tensor: numpy.ndarray, torch.Tensor or tf.Tensor
+
+
+class Backend:
+    """Interface; see numpy_backend.py for the reference semantics of each method."""
+
+    name = "abstract"
+
+    # --- creation and layout -------------------------------------------------------------------
+    def zeros(self, n: int, dtype: str = "float32", like: Array | None = None) -> Array:
+        """1-D zeros of length n on the device of ``like``; dtype a NumPy dtype name."""
+        raise NotImplementedError
+
+    def from_numpy(self, array: np.ndarray, like: Array | None = None) -> Array:
+        raise NotImplementedError
+
+    def to_numpy(self, x: Array) -> np.ndarray:
+        raise NotImplementedError
+
+    def flat(self, x: Array) -> Array:
+        """1-D view (or reshape) of x."""
+        raise NotImplementedError
+
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
+        raise NotImplementedError
+
+    def concat(self, xs: list[Array]) -> Array:
+        raise NotImplementedError
+
+    def slice(self, x: Array, lo: int, hi: int) -> Array:
+        raise NotImplementedError
+
+    def numel(self, x: Array) -> int:
+        raise NotImplementedError
+
+    def dtype_name(self, x: Array) -> str:
+        """NumPy-style name of x's dtype ('float32', 'float16', 'bfloat16', 'int64', ...)."""
+        raise NotImplementedError
+
+    def cast(self, x: Array, dtype: str) -> Array:
+        raise NotImplementedError
+
+    # --- arithmetic ------------------------------------------------------------------------------
+    def add(self, acc: Array, x: Array) -> Array:
+        """acc + x (float32 acc; x may be lower precision); may write into acc."""
+        raise NotImplementedError
+
+    def scale(self, x: Array, factor: float) -> Array:
+        """x * factor; may write into x."""
+        raise NotImplementedError
+
+    def abs(self, x: Array) -> Array:
+        raise NotImplementedError
+
+    def sum_of_squares(self, x: Array) -> float:
+        """Host float (synchronizes)."""
+        raise NotImplementedError
+
+    def all_finite(self, x: Array) -> bool:
+        """Host bool (synchronizes)."""
+        raise NotImplementedError
+
+    # --- selection and scatter -------------------------------------------------------------------
+    def topk_indices(self, x: Array, k: int) -> Array:
+        """Indices (int64, any order) of the k largest entries of x; k <= numel(x)."""
+        raise NotImplementedError
+
+    def indices_where_at_least(self, x: Array, threshold: float, offset: int = 0) -> Array:
+        """int64 indices i (plus offset) with x[i] >= threshold, ascending."""
+        raise NotImplementedError
+
+    def take(self, x: Array, idx: Array) -> Array:
+        raise NotImplementedError
+
+    def zero_at(self, x: Array, idx: Array) -> Array:
+        """x with x[idx] = 0; may write into x."""
+        raise NotImplementedError
+
+    def put(self, x: Array, idx: Array, values: Array) -> Array:
+        """x with x[idx] = values; may write into x."""
+        raise NotImplementedError
+
+    def scatter(self, n: int, idx: Array, values: Array, like: Array | None = None) -> Array:
+        """Dense length-n vector holding values at idx; duplicate indices are summed."""
+        raise NotImplementedError
+
+    def unique(self, idx: Array) -> Array:
+        """Sorted distinct indices."""
+        raise NotImplementedError
+
+    def arange(self, lo: int, hi: int, like: Array | None = None) -> Array:
+        """int64 [lo, hi)."""
+        raise NotImplementedError
+
+    # --- buckets: many tensors <-> one flat vector ---------------------------------------------------
+    def accumulate(self, residual: Array, tensors: list[Array]) -> Array:
+        """residual + concat(flattened tensors), in the residual's dtype; may write into residual
+        (backends with mutable arrays add slice by slice, without a concatenated copy)."""
+        flat = self.concat([self.cast(self.flat(t), self.dtype_name(residual)) for t in tensors])
+        return self.add(residual, flat)
+
+    def split_like(self, flat: Array, tensors: list[Array]) -> list[Array]:
+        """Cut a flat vector back into tensors with the shapes and dtypes of ``tensors``."""
+        out, offset = [], 0
+        for t in tensors:
+            n = self.numel(t)
+            piece = self.reshape(self.slice(flat, offset, offset + n), tuple(t.shape))
+            out.append(self.cast(piece, self.dtype_name(t)))
+            offset += n
+        return out
+
+
+def index_dtype_for(n: int) -> str:
+    """int32 indices while they fit (half the bytes on the wire), int64 beyond 2**31."""
+    return "int32" if n < 2**31 else "int64"

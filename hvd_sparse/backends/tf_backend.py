@@ -1,0 +1,89 @@
+"""TensorFlow backend. The engine runs it eagerly (inside ``tf.py_function`` when the caller is a
+graph), so these are plain eager TF ops on immutable tensors: every method returns a new tensor."""
+
+from __future__ import annotations
+
+import numpy as np
+import tensorflow as tf
+
+from .base import Backend
+
+
+class TensorFlowBackend(Backend):
+    name = "tensorflow"
+
+    def zeros(self, n, dtype="float32", like=None):
+        return tf.zeros([n], dtype=dtype)
+
+    def from_numpy(self, array, like=None):
+        return tf.convert_to_tensor(np.asarray(array))
+
+    def to_numpy(self, x):
+        return x.numpy()
+
+    def flat(self, x):
+        return tf.reshape(x, [-1])
+
+    def reshape(self, x, shape):
+        return tf.reshape(x, shape)
+
+    def concat(self, xs):
+        return tf.concat(xs, axis=0) if len(xs) != 1 else xs[0]
+
+    def slice(self, x, lo, hi):
+        return x[lo:hi]
+
+    def numel(self, x):
+        return int(tf.size(x))
+
+    def dtype_name(self, x):
+        return x.dtype.name
+
+    def cast(self, x, dtype):
+        return tf.cast(x, dtype)
+
+    def add(self, acc, x):
+        return acc + tf.cast(x, acc.dtype)
+
+    def scale(self, x, factor):
+        return x * tf.constant(factor, dtype=x.dtype)
+
+    def abs(self, x):
+        return tf.abs(x)
+
+    def sum_of_squares(self, x):
+        x64 = tf.cast(x, tf.float64)
+        return float(tf.reduce_sum(x64 * x64))
+
+    def all_finite(self, x):
+        return bool(tf.reduce_all(tf.math.is_finite(x)))
+
+    def topk_indices(self, x, k):
+        if k >= int(tf.size(x)):
+            return tf.range(tf.size(x, out_type=tf.int64), dtype=tf.int64)
+        return tf.cast(tf.math.top_k(x, k, sorted=False).indices, tf.int64)
+
+    def indices_where_at_least(self, x, threshold, offset=0):
+        idx = tf.reshape(tf.where(x >= tf.constant(threshold, dtype=x.dtype)), [-1])
+        return idx + offset if offset else idx
+
+    def take(self, x, idx):
+        return tf.gather(x, idx)
+
+    def zero_at(self, x, idx):
+        return tf.tensor_scatter_nd_update(x, tf.reshape(tf.cast(idx, tf.int64), [-1, 1]),
+                                           tf.zeros(tf.shape(idx), dtype=x.dtype))
+
+    def put(self, x, idx, values):
+        return tf.tensor_scatter_nd_update(x, tf.reshape(tf.cast(idx, tf.int64), [-1, 1]),
+                                           tf.cast(values, x.dtype))
+
+    def scatter(self, n, idx, values, like=None):
+        return tf.scatter_nd(tf.reshape(tf.cast(idx, tf.int64), [-1, 1]), values,
+                             tf.constant([n], dtype=tf.int64))
+
+    def unique(self, idx):
+        return tf.sort(tf.unique(idx).y)
+
+    def arange(self, lo, hi, like=None):
+        return tf.range(lo, hi, dtype=tf.int64)

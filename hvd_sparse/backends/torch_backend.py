@@ -1,0 +1,102 @@
+"""PyTorch backend: bulk work stays on the gradient's device, in its tensors."""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+from .base import Backend
+
+_DTYPES = {
+    "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
+    "float64": torch.float64, "int32": torch.int32, "int64": torch.int64,
+    "int8": torch.int8, "uint8": torch.uint8, "int16": torch.int16, "bool": torch.bool,
+}
+_NAMES = {v: k for k, v in _DTYPES.items()}
+
+
+class TorchBackend(Backend):
+    name = "torch"
+
+    def zeros(self, n, dtype="float32", like=None):
+        device = like.device if like is not None else None
+        return torch.zeros(n, dtype=_DTYPES[dtype], device=device)
+
+    def from_numpy(self, array, like=None):
+        t = torch.from_numpy(np.ascontiguousarray(array))
+        return t.to(like.device) if like is not None else t
+
+    def to_numpy(self, x):
+        return x.detach().cpu().numpy()
+
+    def flat(self, x):
+        return x.reshape(-1)
+
+    def reshape(self, x, shape):
+        return x.reshape(shape)
+
+    def concat(self, xs):
+        return torch.cat(xs) if len(xs) != 1 else xs[0]
+
+    def slice(self, x, lo, hi):
+        return x[lo:hi]
+
+    def numel(self, x):
+        return x.numel()
+
+    def dtype_name(self, x):
+        return _NAMES.get(x.dtype, str(x.dtype).replace("torch.", ""))
+
+    def cast(self, x, dtype):
+        return x.to(_DTYPES[dtype])
+
+    def add(self, acc, x):
+        return acc.add_(x)
+
+    def scale(self, x, factor):
+        return x.mul_(factor)
+
+    def abs(self, x):
+        return x.abs()
+
+    def sum_of_squares(self, x):
+        return float(torch.dot(x.double(), x.double()))
+
+    def all_finite(self, x):
+        return bool(torch.isfinite(x).all())
+
+    def topk_indices(self, x, k):
+        if k >= x.numel():
+            return torch.arange(x.numel(), device=x.device)
+        return torch.topk(x, k, sorted=False).indices
+
+    def indices_where_at_least(self, x, threshold, offset=0):
+        idx = torch.nonzero(x >= threshold).reshape(-1)
+        return idx + offset if offset else idx
+
+    def take(self, x, idx):
+        return x[idx]
+
+    def zero_at(self, x, idx):
+        return x.index_fill_(0, idx.long(), 0)
+
+    def put(self, x, idx, values):
+        return x.index_put_((idx.long(),), values.to(x.dtype))
+
+    def scatter(self, n, idx, values, like=None):
+        out = torch.zeros(n, dtype=values.dtype, device=values.device)
+        return out.index_add_(0, idx.long(), values)
+
+    def unique(self, idx):
+        return torch.unique(idx)
+
+    def arange(self, lo, hi, like=None):
+        return torch.arange(lo, hi, dtype=torch.int64, device=like.device if like is not None else None)
+
+    def accumulate(self, residual, tensors):
+        offset = 0
+        for t in tensors:
+            n = t.numel()
+            residual[offset:offset + n].add_(t.reshape(-1))
+            offset += n
+        return residual

@@ -1,0 +1,6 @@
+"""Communication: the protocol vocabulary and the drivers that execute it."""
+
+from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective, Phase, Protocol, finished, run_blocking
+
+__all__ = ["ALLGATHER", "ALLREDUCE", "BROADCAST", "Collective", "Phase", "Protocol", "finished",
+           "run_blocking"]

@@ -1,0 +1,100 @@
+"""N simulated ranks in one process: the communication layer of the unit tests and the simulator.
+
+Each rank's protocol is advanced in lockstep. Before a phase is executed, every rank must have
+issued the same collectives (op, name, root) with compatible shapes: a rank that skips a
+collective, issues it under another name or in another order would hang a real Horovod job; here
+it raises ``RankMismatchError`` naming the ranks and collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..backends import Backend, get_backend
+from ..errors import RankMismatchError
+from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective, Protocol
+
+
+class LocalGroup:
+    """A group of ``size`` simulated ranks sharing one backend (NumPy by default)."""
+
+    def __init__(self, size: int, backend: Backend | str = "numpy"):
+        if size < 1:
+            raise ValueError(f"a group needs at least one rank, got size={size}")
+        self.size = size
+        self.backend = get_backend(backend) if isinstance(backend, str) else backend
+
+    def run(self, protocols: list[Protocol]) -> list[Any]:
+        """Run one protocol per rank to completion; return each rank's result."""
+        if len(protocols) != self.size:
+            raise ValueError(f"expected {self.size} protocols (one per rank), got {len(protocols)}")
+        results: list[Any] = [None] * self.size
+        phases: list[list[Collective] | None] = []
+        for rank, protocol in enumerate(protocols):
+            phases.append(self._advance(protocol, None, rank, results))
+        while any(phase is not None for phase in phases):
+            outputs = self._execute(phases)
+            phases = [
+                self._advance(protocol, outputs[rank], rank, results) if phases[rank] is not None else None
+                for rank, protocol in enumerate(protocols)
+            ]
+        return results
+
+    @staticmethod
+    def _advance(protocol: Protocol, sent: list | None, rank: int, results: list) -> list | None:
+        try:
+            return next(protocol) if sent is None else protocol.send(sent)
+        except StopIteration as done:
+            results[rank] = done.value
+            return None
+
+    def _execute(self, phases: list[list[Collective] | None]) -> list[list]:
+        self._check_agreement(phases)
+        issued: list[list[Collective]] = phases  # type: ignore[assignment]  (all non-None now)
+        outputs: list[list] = [[] for _ in range(self.size)]
+        for position, first in enumerate(issued[0]):
+            tensors = [issued[rank][position].tensor for rank in range(self.size)]
+            for rank, value in enumerate(self._collective(first, tensors)):
+                outputs[rank].append(value)
+        return outputs
+
+    def _check_agreement(self, phases: list[list[Collective] | None]) -> None:
+        def describe(phase):
+            return "finished" if phase is None else [c.signature() for c in phase]
+
+        reference = describe(phases[0])
+        for rank in range(1, self.size):
+            if describe(phases[rank]) != reference:
+                raise RankMismatchError(
+                    f"ranks issue different collectives (a real job would hang): "
+                    f"rank 0 -> {reference}, rank {rank} -> {describe(phases[rank])}")
+        if phases[0] is None:
+            return
+        b = self.backend
+        for position, first in enumerate(phases[0]):
+            shapes = [np.shape(b.to_numpy(p[position].tensor)) for p in phases]  # type: ignore[index]
+            dtypes = {b.dtype_name(p[position].tensor) for p in phases}  # type: ignore[index]
+            if len(dtypes) != 1:
+                raise RankMismatchError(f"{first.name}: ranks send different dtypes {sorted(dtypes)}")
+            if first.op == ALLGATHER:
+                if len({s[1:] for s in shapes}) != 1 or any(len(s) == 0 for s in shapes):
+                    raise RankMismatchError(f"{first.name}: allgather needs tensors of rank >= 1 "
+                                            f"that agree beyond dim 0, got {shapes}")
+            elif len(set(shapes)) != 1:
+                raise RankMismatchError(f"{first.name}: {first.op} needs identical shapes, got {shapes}")
+
+    def _collective(self, first: Collective, tensors: list) -> list:
+        b = self.backend
+        if first.op == ALLGATHER:
+            gathered = b.concat(list(tensors)) if self.size > 1 else tensors[0]
+            return [gathered] * self.size
+        if first.op == ALLREDUCE:
+            total = tensors[0]
+            for t in tensors[1:]:
+                total = total + t
+            return [total] * self.size
+        if first.op == BROADCAST:
+            return [tensors[first.root]] * self.size
+        raise ValueError(f"unknown collective op {first.op!r}")

@@ -1,0 +1,54 @@
+"""What a step protocol asks of the communication layer.
+
+An engine step is a generator (a "protocol"): it yields a *phase* -- a list of named collectives
+that may run concurrently -- receives their results as a list in the same order, and finally
+returns its output. Keeping the step free of any communication library lets one protocol run
+
+* over Horovod in PyTorch, asynchronously, overlapping the backward pass (comm/horovod_torch.py),
+* over Horovod in TensorFlow, blocking inside ``tf.py_function`` or as graph ops (comm/horovod_tf.py),
+* in one process for N simulated ranks in lockstep (comm/local.py), which also checks that every
+  rank issues the same collectives in the same order: the property that keeps real jobs from hanging.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Generator
+from dataclasses import dataclass
+from typing import Any
+
+ALLGATHER = "allgather"   # concatenation along dim 0, in rank order; lengths may differ per rank
+ALLREDUCE = "allreduce"   # elementwise sum; shapes must match on every rank
+BROADCAST = "broadcast"   # the root's tensor; shapes must match on every rank
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One named collective of a phase. Names are deterministic and identical on every rank."""
+
+    op: str
+    name: str
+    tensor: Any
+    root: int = 0
+
+    def signature(self) -> tuple[str, str, int]:
+        return (self.op, self.name, self.root)
+
+
+Phase = list[Collective]
+Protocol = Generator[Phase, list, Any]
+
+
+def run_blocking(protocol: Protocol, execute: Callable[[Phase], list]) -> Any:
+    """Drive a protocol to completion, running each phase with ``execute`` (blocking)."""
+    try:
+        phase = next(protocol)
+        while True:
+            phase = protocol.send(execute(phase))
+    except StopIteration as done:
+        return done.value
+
+
+def finished(value: Any) -> Protocol:
+    """A protocol that issues no collective and returns ``value``."""
+    return value
+    yield  # pragma: no cover  (makes this a generator)

@@ -1,0 +1,278 @@
+"""One rank's sparsification engine: error feedback, communication patterns, reconstruction.
+
+A *bucket* is a named list of gradient tensors sparsified as one flat vector: one tensor (scope
+"tensor"), the whole model (scope "model"), or a merged group of layers. For each bucket and step
+``Engine.step`` returns a protocol (comm/protocol.py) that
+
+1. accumulates ``acc = gradient + residual`` into the bucket's fp32 residual buffer (in place
+   where the backend allows),
+2. asks the algorithm for this rank's indices,
+3. exchanges them with one of the three patterns (algorithms/base.py: gather, union, shared),
+4. reconstructs the average over ranks as a dense vector and cuts it back into tensors,
+5. keeps what was not sent as the new residual -- exactly: on every index,
+   ``sent + new residual == gradient + old residual`` (values travelling in a lower precision
+   than the residual leave their rounding error in the residual),
+6. lets the algorithm's controller observe what was exchanged, and records statistics.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+import warnings
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..algorithms.base import GATHER, SHARED, UNION, Algorithm, StepContext, StepOutcome
+from ..backends import Backend, index_dtype_for
+from ..comm import ALLGATHER, ALLREDUCE, Collective, Protocol
+from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
+from .stats import BucketStats, summarize
+
+_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
+# Dtypes Horovod 0.28.1 can move in collectives (no bfloat16: HOROVOD.md 1.3).
+_TRANSPORTABLE = ("float16", "float32", "float64")
+_FLOATS = ("float16", "bfloat16", "float32", "float64")
+
+STATE_FORMAT = 1
+
+
+@dataclass
+class Bucket:
+    """Everything one rank keeps about one bucket across steps."""
+
+    key: str
+    shapes: tuple[tuple[int, ...], ...]
+    dtypes: tuple[str, ...]
+    numel: int
+    residual: Any
+    value_dtype: str
+    index_dtype: str
+    step: int = 0
+    control: Any = None
+    stats: BucketStats | None = None
+
+
+def value_dtype_for(dtypes: tuple[str, ...]) -> str:
+    """Values travel in the gradients' own precision when Horovod can move it, else fp32."""
+    common = set(dtypes)
+    if len(common) == 1 and dtypes[0] in _TRANSPORTABLE:
+        return dtypes[0]
+    return "float32"
+
+
+class Engine:
+    """Per-rank state of every bucket, and the step protocol (see module docstring)."""
+
+    def __init__(self, algorithm: Algorithm, backend: Backend, rank: int, size: int,
+                 prefix: str = "hvd_sparse"):
+        if not 0 <= rank < size:
+            raise ValueError(f"rank {rank} outside a world of size {size}")
+        self.algorithm = algorithm
+        self.backend = backend
+        self.rank = rank
+        self.size = size
+        self.prefix = prefix
+        self.buckets: dict[str, Bucket] = {}
+        self._restored: dict[str, dict] = {}
+        self._restored_size: int | None = None
+
+    # --- the step ------------------------------------------------------------------------------
+    def step(self, key: str, tensors: list[Any], check_layout: bool = True) -> Protocol:
+        """Protocol of one step of bucket ``key``; returns the averaged tensors, shaped like
+        ``tensors``. With ``check_layout`` the first step also checks that every rank's bucket has
+        the same shapes (one tiny allgather), so a model that differs across ranks fails loudly."""
+        b = self.backend
+        bucket = self._bucket(key, tensors)
+        name = f"{self.prefix}.{key}"
+        if bucket.step == 0 and check_layout and self.size > 1:
+            yield from self._agree_on_layout(bucket, name)
+        ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b)
+        if bucket.control is None:
+            bucket.control = self.algorithm.init_control(ctx)
+
+        acc = b.accumulate(bucket.residual, tensors)
+        started = time.perf_counter()
+        idx = yield from self.algorithm.select(acc, bucket.control, ctx)
+        selected = b.numel(idx)
+        if selected == 0:
+            raise RuntimeError(f"{type(self.algorithm).__name__} selected nothing in bucket {key!r}: "
+                               "every method must send at least one index")
+        select_seconds = time.perf_counter() - started
+        idx = b.cast(idx, bucket.index_dtype)
+
+        pattern = self.algorithm.pattern
+        isz, vsz = _ITEMSIZE[bucket.index_dtype], _ITEMSIZE[bucket.value_dtype]
+        union_size = None
+        if pattern == GATHER:
+            values, acc = self._send(bucket, acc, idx)
+            all_idx, all_values = yield [Collective(ALLGATHER, f"{name}.idx", idx),
+                                         Collective(ALLGATHER, f"{name}.val", values)]
+            gathered = b.numel(all_idx)
+            out = b.scatter(bucket.numel, all_idx, b.cast(all_values, "float32"), like=acc)
+            bytes_sent = selected * (isz + vsz)
+            bytes_received = (gathered - selected) * (isz + vsz)
+        elif pattern == UNION:
+            (all_idx,) = yield [Collective(ALLGATHER, f"{name}.idx", idx)]
+            gathered = b.numel(all_idx)
+            union = all_idx if self.algorithm.exclusive else b.unique(all_idx)
+            union_size = b.numel(union)
+            values, acc = self._send(bucket, acc, union)
+            (summed,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
+            out = b.scatter(bucket.numel, union, b.cast(summed, "float32"), like=acc)
+            bytes_sent = selected * isz + union_size * vsz
+            bytes_received = (gathered - selected) * isz + union_size * vsz
+        elif pattern == SHARED:
+            values, acc = self._send(bucket, acc, idx)
+            (summed,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
+            all_idx, union_size = idx, selected
+            out = b.scatter(bucket.numel, idx, b.cast(summed, "float32"), like=acc)
+            bytes_sent = bytes_received = selected * vsz
+        else:  # pragma: no cover  (patterns are validated by Algorithm.__init__)
+            raise ConfigurationError(f"unknown pattern {pattern!r}")
+        if self.size > 1:
+            out = b.scale(out, 1.0 / self.size)
+        bucket.residual = acc
+
+        bucket.control = self.algorithm.observe(
+            bucket.control, StepOutcome(selected, union_size, all_idx), ctx)
+        bucket.step += 1
+        bucket.stats = BucketStats(
+            step=bucket.step, numel=bucket.numel, k=self.algorithm.k(bucket.numel),
+            selected=selected, bytes_sent=bytes_sent, bytes_received=bytes_received,
+            select_seconds=select_seconds, backend=b, residual=acc, union_size=union_size,
+            gathered_indices=None if union_size is not None else all_idx,
+            extra=self.algorithm.control_stats(bucket.control))
+        return b.split_like(out, tensors)
+
+    def schedule(self, key: str, numel: int, dtypes: tuple[str, ...]) -> list[list[tuple[str, str, str]]]:
+        """The phases ``step(..., check_layout=False)`` will yield for a bucket, as
+        (op, name, dtype) triples, known before any data is seen: what a graph must be built with
+        in advance (TensorFlow per-tensor steps run each phase as graph ops)."""
+        if self.algorithm.select_collectives:
+            raise ConfigurationError(
+                f"{type(self.algorithm).__name__} exchanges messages while selecting and runs "
+                "only with scope='model' in TensorFlow")
+        name = f"{self.prefix}.{key}"
+        idx = (ALLGATHER, f"{name}.idx", index_dtype_for(numel))
+        val_dtype = value_dtype_for(dtypes)
+        pattern = self.algorithm.pattern
+        if pattern == GATHER:
+            return [[idx, (ALLGATHER, f"{name}.val", val_dtype)]]
+        if pattern == UNION:
+            return [[idx], [(ALLREDUCE, f"{name}.val", val_dtype)]]
+        return [[(ALLREDUCE, f"{name}.val", val_dtype)]]
+
+    def _send(self, bucket: Bucket, acc: Any, idx: Any) -> tuple[Any, Any]:
+        """Values to send at idx, and the residual left behind (exact error feedback)."""
+        b = self.backend
+        values = b.take(acc, idx)
+        if bucket.value_dtype == b.dtype_name(acc):
+            return values, b.zero_at(acc, idx)
+        sent = b.cast(values, bucket.value_dtype)
+        rounding = values - b.cast(sent, b.dtype_name(acc))
+        return sent, b.put(acc, idx, rounding)
+
+    def _agree_on_layout(self, bucket: Bucket, name: str) -> Protocol:
+        b = self.backend
+        text = repr((bucket.key, bucket.shapes, bucket.dtypes)).encode()
+        digest = int.from_bytes(hashlib.sha256(text).digest()[:7], "little")
+        mine = b.from_numpy(np.array([digest], dtype=np.int64), like=bucket.residual)
+        (everyone,) = yield [Collective(ALLGATHER, f"{name}.layout", mine)]
+        digests = b.to_numpy(everyone)
+        if len(set(digests.tolist())) != 1:
+            differing = [r for r, d in enumerate(digests.tolist()) if d != digest]
+            raise RankMismatchError(
+                f"bucket {bucket.key!r} differs across ranks (shapes {bucket.shapes} here on rank "
+                f"{self.rank}; ranks {differing} differ): every rank must train the same model, and "
+                "in PyTorch pass named_parameters so tensors are matched by name, not by hook order")
+
+    def _bucket(self, key: str, tensors: list[Any]) -> Bucket:
+        b = self.backend
+        shapes = tuple(tuple(int(d) for d in t.shape) for t in tensors)
+        dtypes = tuple(b.dtype_name(t) for t in tensors)
+        bucket = self.buckets.get(key)
+        if bucket is not None:
+            if bucket.shapes != shapes:
+                raise ConfigurationError(
+                    f"bucket {key!r} changed shape from {bucket.shapes} to {shapes}; a compressor "
+                    "instance serves one model: create a new one for another model")
+            return bucket
+        for dtype in dtypes:
+            if dtype not in _FLOATS:
+                raise UnsupportedTensorError(
+                    f"gradient {key!r} has dtype {dtype}; sparsification needs floating-point "
+                    "gradients (float16, bfloat16, float32, float64)")
+        numel = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        if numel == 0:
+            raise UnsupportedTensorError(f"bucket {key!r} is empty: nothing to sparsify")
+        residual_dtype = "float64" if "float64" in dtypes else "float32"
+        like = tensors[0]
+        bucket = Bucket(key=key, shapes=shapes, dtypes=dtypes, numel=numel,
+                        residual=b.zeros(numel, residual_dtype, like=like),
+                        value_dtype=value_dtype_for(dtypes), index_dtype=index_dtype_for(numel))
+        self.buckets[key] = bucket
+        if key in self._restored:
+            self._restore(bucket, self._restored.pop(key), like)
+        return bucket
+
+    # --- statistics and checkpoints --------------------------------------------------------------
+    def stats(self) -> dict:
+        """The last step, summed over buckets (see engine/stats.py for the fields)."""
+        latest = [bk.stats for bk in self.buckets.values() if bk.stats is not None]
+        return summarize(latest, self.algorithm.density)
+
+    def state_dict(self) -> dict:
+        """This rank's state: residuals (as NumPy) and the rank-consistent control state."""
+        b = self.backend
+        return {
+            "format": STATE_FORMAT,
+            "algorithm": self.algorithm.name,
+            "hyperparameters": self.algorithm.describe(),
+            "rank": self.rank,
+            "size": self.size,
+            "buckets": {
+                key: {"shapes": bk.shapes, "step": bk.step, "residual": b.to_numpy(bk.residual).copy(),
+                      "control": self.algorithm.control_state(bk.control)}
+                for key, bk in self.buckets.items()
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        """Restore a checkpoint taken by ``state_dict`` (on this rank). Buckets not created yet are
+        restored when they first appear."""
+        if state.get("format") != STATE_FORMAT:
+            raise ConfigurationError(f"unknown checkpoint format {state.get('format')!r}")
+        if state["algorithm"] != self.algorithm.name:
+            raise ConfigurationError(
+                f"checkpoint is from {state['algorithm']!r}, this compressor runs "
+                f"{self.algorithm.name!r}: load it into the same method")
+        if state["size"] != self.size:
+            warnings.warn(
+                f"hvd_sparse: checkpoint taken at world size {state['size']}, resuming at {self.size}:"
+                " residuals are reset and rank-dependent control state is rebuilt", stacklevel=2)
+        elif state["rank"] != self.rank:
+            raise RankMismatchError(
+                f"checkpoint of rank {state['rank']} loaded on rank {self.rank}: residuals are per "
+                "rank; save and load one file per rank (e.g. suffix the path with hvd.rank())")
+        self._restored_size = state["size"]
+        self._restored = dict(state["buckets"])
+        for key in list(self._restored):
+            if key in self.buckets:
+                bucket = self.buckets[key]
+                self._restore(bucket, self._restored.pop(key), bucket.residual)
+
+    def _restore(self, bucket: Bucket, saved: dict, like: Any) -> None:
+        if tuple(map(tuple, saved["shapes"])) != bucket.shapes:
+            raise ConfigurationError(
+                f"checkpoint bucket {bucket.key!r} has shapes {saved['shapes']}, the model has "
+                f"{bucket.shapes}")
+        bucket.step = int(saved["step"])
+        same_world = self._restored_size == self.size
+        if same_world:
+            residual = saved["residual"].astype(self.backend.dtype_name(bucket.residual))
+            bucket.residual = self.backend.from_numpy(residual, like=like)
+        ctx = StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend)
+        bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)

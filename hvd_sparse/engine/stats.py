@@ -1,0 +1,68 @@
+"""Per-step statistics: recorded cheaply during the step, materialized only when read.
+
+Anything that would cost a device synchronization or an extra pass (the residual norm, the size of
+a de-duplicated index set) is kept as a reference and computed when ``stats()`` is called, so a
+training loop that never reads statistics pays nothing for them.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..backends import Backend
+
+
+@dataclass
+class BucketStats:
+    """What one bucket's last step did on this rank."""
+
+    step: int
+    numel: int
+    k: int
+    selected: int
+    bytes_sent: int
+    bytes_received: int
+    select_seconds: float
+    backend: Backend
+    residual: Any = None               # reference; its norm is computed on demand
+    union_size: int | None = None      # known exactly (union/shared patterns) ...
+    gathered_indices: Any = None       # ... or derived on demand (gather pattern)
+    extra: dict = field(default_factory=dict)
+
+    def union(self) -> int:
+        if self.union_size is None:
+            self.union_size = self.backend.numel(self.backend.unique(self.gathered_indices))
+            self.gathered_indices = None
+        return self.union_size
+
+    def residual_sq(self) -> float:
+        return 0.0 if self.residual is None else self.backend.sum_of_squares(self.residual)
+
+
+def summarize(buckets: list[BucketStats], density_target: float) -> dict:
+    """The last step over all buckets: the dict every compressor's ``stats()`` returns."""
+    if not buckets:
+        return {"step": 0, "density_target": density_target, "density_actual": 0.0, "k": 0,
+                "selected": 0, "union": 0, "numel": 0, "bytes_sent": 0, "bytes_received": 0,
+                "select_seconds": 0.0, "residual_norm": 0.0, "buckets": 0}
+    numel = sum(b.numel for b in buckets)
+    union = sum(b.union() for b in buckets)
+    out = {
+        "step": max(b.step for b in buckets),
+        "density_target": density_target,
+        "density_actual": union / numel,
+        "k": sum(b.k for b in buckets),
+        "selected": sum(b.selected for b in buckets),
+        "union": union,
+        "numel": numel,
+        "bytes_sent": sum(b.bytes_sent for b in buckets),
+        "bytes_received": sum(b.bytes_received for b in buckets),
+        "select_seconds": sum(b.select_seconds for b in buckets),
+        "residual_norm": math.sqrt(sum(b.residual_sq() for b in buckets)),
+        "buckets": len(buckets),
+    }
+    if len(buckets) == 1:
+        out.update(buckets[0].extra)
+    return out

@@ -1,0 +1,27 @@
+"""TensorFlow face: ``compression=`` objects for stock ``hvd.DistributedGradientTape`` and the
+Keras ``hvd.DistributedOptimizer`` (tf-keras).
+
+    import horovod.tensorflow as hvd
+    import hvd_sparse.tensorflow as hs
+    tape = hvd.DistributedGradientTape(tape, compression=hs.TopK(density=0.01))
+"""
+
+from typing import Any
+
+from .. import algorithms
+from ..faces import face_class
+from .compressor import SparseCompressor, with_model_grouping
+
+TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+
+
+def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
+    """``horovod.tensorflow.DistributedGradientTape`` that puts every gradient in one group
+    (``num_groups=1``) for whole-model methods, unless the caller chose a grouping."""
+    import horovod.tensorflow as hvd
+
+    return hvd.DistributedGradientTape(tape, compression=compression,
+                                       **with_model_grouping(compression, kwargs))
+
+
+__all__ = ["DistributedGradientTape", "SparseCompressor", "TopK"]

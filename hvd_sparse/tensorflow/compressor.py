@@ -1,0 +1,189 @@
+"""The TensorFlow face: a Horovod ``Compressor`` that runs an hvd_sparse method.
+
+Horovod calls ``compress``/``decompress`` while it *traces* its gradient allreduce into a graph
+(``tf.function`` in eager mode, HOROVOD.md 1.4), so Python here runs once per trace, not once per
+step. The engine's step is ordinary eager Python, so it is embedded with ``tf.py_function``, which
+runs it every step; state (residuals, thresholds) stays in Python between steps.
+
+* Scope "tensor": each gradient's step becomes py_function phases joined by Horovod graph ops
+  (asynchronous kernels, named by the gradient's position), so tensors may complete in any order.
+* Scope "model": every ``compress`` of the trace stashes its gradient; the first ``decompress``
+  builds one py_function that runs the whole-model step with eager, blocking collectives, one per
+  step per rank. It needs every gradient in one Horovod group (``num_groups=1``); without it each
+  gradient sits in its own ``tf.cond`` and the compressor raises a clear error at trace time.
+"""
+
+from __future__ import annotations
+
+import functools
+import weakref
+from dataclasses import dataclass, field
+from typing import Any
+
+import tensorflow as tf
+from horovod.tensorflow.compression import Compressor
+from tensorflow.python.framework.func_graph import FuncGraph
+
+from ..algorithms.base import MODEL, Algorithm
+from ..backends import get_backend
+from ..comm import Collective, run_blocking
+from ..comm.horovod_tf import HorovodTFComm
+from ..engine import Engine, summarize
+from ..errors import ConfigurationError, RankMismatchError
+from .keras import refuse_keras3_under_horovod_keras
+
+MODEL_BUCKET = "model"
+_PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
+
+
+@dataclass
+class _Trace:
+    """What one trace of Horovod's allreduce function has seen so far."""
+
+    ordinal: int = 0
+    stash: list = field(default_factory=list)
+    model_outputs: list | None = None
+
+
+def _root_graph() -> Any:
+    """The outermost function graph being traced (cond branches are nested function graphs); in
+    TF1-style graph mode, the graph itself."""
+    graph = tf.compat.v1.get_default_graph()
+    while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
+        graph = graph.outer_graph
+    return graph
+
+
+class SparseCompressor(Compressor):
+    """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``).
+
+    Args:
+        algorithm: the method and its hyper-parameters.
+        process_set: the Horovod process set the gradients are reduced over (default: global).
+        prefix: prefix of every collective's name; give two compressors in one job distinct ones.
+    """
+
+    def __init__(self, algorithm: Algorithm, *, process_set: Any = None, prefix: str = "hvd_sparse"):
+        self.algorithm = algorithm
+        self.process_set = process_set
+        self.prefix = prefix
+        self._engine: Engine | None = None
+        self._comm: HorovodTFComm | None = None
+        self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+        self._inflight: dict[str, Any] = {}
+
+    # --- Horovod's interface (trace time) -------------------------------------------------------
+    def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        if tf.executing_eagerly():
+            raise ConfigurationError(
+                "hvd_sparse TensorFlow compressors are built into a graph: use them through "
+                "hvd.DistributedGradientTape, the Keras DistributedOptimizer, or inside tf.function")
+        refuse_keras3_under_horovod_keras()
+        self._ensure_engine()
+        trace = self._trace()
+        dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else tf.float32
+        placeholder = tf.zeros([1], dtype=dtype)
+        if self.algorithm.scope == MODEL:
+            if trace.model_outputs is not None:
+                raise ConfigurationError(
+                    f"{type(self.algorithm).__name__} with scope='model' needs every gradient in one "
+                    "Horovod group: pass num_groups=1 to hvd.DistributedGradientTape or to the Keras "
+                    "hvd.DistributedOptimizer (or use hvd_sparse.tensorflow.DistributedGradientTape, "
+                    "which does it for you)")
+            trace.stash.append(tensor)
+            return placeholder, len(trace.stash) - 1
+        key = f"g{trace.ordinal}"
+        trace.ordinal += 1
+        return placeholder, self._per_tensor_graph(key, tensor)
+
+    def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
+        if self.algorithm.scope == MODEL:
+            trace = self._trace()
+            if trace.model_outputs is None:
+                trace.model_outputs = self._model_graph(trace.stash)
+            out = trace.model_outputs[ctx]
+        else:
+            out = ctx
+        with tf.control_dependencies([tensor]):  # keep Horovod's placeholder allreduce in the graph
+            return tf.identity(out)
+
+    # --- statistics and checkpoints -------------------------------------------------------------
+    def stats(self) -> dict:
+        """Statistics of the last step on this rank (see README, "Statistics")."""
+        if self._engine is None:
+            return summarize([], self.algorithm.density)
+        return self._engine.stats()
+
+    def state_dict(self) -> dict:
+        """This rank's state (residuals and control state); save one file per rank."""
+        return self._ensure_engine().state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._ensure_engine().load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"hvd_sparse.tensorflow.{self.algorithm!r}"
+
+    # --- graph construction -----------------------------------------------------------------------
+    def _ensure_engine(self) -> Engine:
+        if self._engine is None:
+            self._comm = HorovodTFComm(self.process_set)
+            self._engine = Engine(self.algorithm, get_backend("tensorflow"), self._comm.rank,
+                                  self._comm.size, self.prefix)
+        return self._engine
+
+    def _trace(self) -> _Trace:
+        graph = _root_graph()
+        if graph not in self._traces:
+            self._traces[graph] = _Trace()
+        return self._traces[graph]
+
+    def _per_tensor_graph(self, key: str, tensor: tf.Tensor) -> tf.Tensor:
+        engine, comm = self._engine, self._comm
+        schedule = engine.schedule(key, tensor.shape.num_elements(), (tensor.dtype.name,))
+        inputs = [tensor]
+        for position, phase in enumerate(schedule):
+            requests = tf.py_function(functools.partial(self._advance, key, position, phase), inputs,
+                                      Tout=[dtype for _, _, dtype in phase])
+            inputs = [comm.graph_op(op, t, name) for (op, name, _), t in zip(phase, requests, strict=True)]
+        (out,) = tf.py_function(functools.partial(self._advance, key, len(schedule), None), inputs,
+                                Tout=[tensor.dtype])
+        out.set_shape(tensor.shape)
+        return out
+
+    def _model_graph(self, grads: list) -> list:
+        outputs = tf.py_function(self._run_model, grads, Tout=[g.dtype for g in grads])
+        for out, grad in zip(outputs, grads, strict=True):
+            out.set_shape(grad.shape)
+        return outputs
+
+    # --- run time (inside tf.py_function, eager) --------------------------------------------------
+    def _advance(self, key: str, position: int, expected: list | None, *results) -> list:
+        if position == 0:
+            protocol = self._engine.step(key, list(results), check_layout=False)
+            self._inflight[key] = protocol
+            sent = None
+        else:
+            protocol = self._inflight[key]
+            sent = list(results)
+        try:
+            phase: list[Collective] = next(protocol) if sent is None else protocol.send(sent)
+        except StopIteration as done:
+            del self._inflight[key]
+            return done.value
+        if expected is None or [(c.op, c.name) for c in phase] != [(op, n) for op, n, _ in expected]:
+            raise RankMismatchError(f"step of {key!r} issued {[c.signature() for c in phase]}, the "
+                                    f"graph was built for {expected}")
+        return [c.tensor for c in phase]
+
+    def _run_model(self, *grads) -> list:
+        return run_blocking(self._engine.step(MODEL_BUCKET, list(grads)), self._comm.execute)
+
+
+def with_model_grouping(compression: Any, kwargs: dict) -> dict:
+    """Horovod keyword arguments with every gradient in one group (``num_groups=1``) when
+    ``compression`` is a whole-model method and the caller chose no grouping."""
+    algorithm = getattr(compression, "algorithm", None)
+    if algorithm is not None and algorithm.scope == MODEL and "groups" not in kwargs:
+        kwargs = {**kwargs, "num_groups": kwargs.get("num_groups") or 1}
+    return kwargs

@@ -1,0 +1,60 @@
+"""Keras support, and the guard that keeps it from failing silently.
+
+TF 2.21's default ``tf.keras`` is Keras 3. Horovod 0.28.1 predates it: its Keras
+``DistributedOptimizer`` then runs ``model.fit`` without error but never synchronizes the
+weights (STACK.md). The supported way is tf-keras with ``TF_USE_LEGACY_KERAS=1`` set before
+TensorFlow is imported; everything here refuses Keras 3 with an error that says so.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from typing import Any
+
+from ..errors import ConfigurationError
+
+LEGACY_KERAS_HINT = (
+    "TensorFlow's tf.keras is Keras 3 here, and Horovod 0.28.1's Keras DistributedOptimizer does "
+    "not synchronize weights under Keras 3 (it trains each rank separately, without an error). "
+    "Install tf-keras (pip install tf-keras==<your TF version> --no-deps) and set "
+    "TF_USE_LEGACY_KERAS=1 in the environment before TensorFlow is imported.")
+
+
+def keras_is_legacy() -> bool:
+    """True when ``tf.keras`` is Keras 2 (tf-keras), which Horovod 0.28.1 supports."""
+    import tensorflow as tf
+
+    version = getattr(tf.keras, "__version__", None) or getattr(tf.keras, "version", lambda: "3")()
+    return str(version).split(".")[0] == "2"
+
+
+def require_legacy_keras() -> None:
+    if not keras_is_legacy():
+        raise ConfigurationError(LEGACY_KERAS_HINT + f" (TF_USE_LEGACY_KERAS="
+                                 f"{os.environ.get('TF_USE_LEGACY_KERAS', '<unset>')})")
+
+
+def refuse_keras3_under_horovod_keras() -> None:
+    """Raise if the caller is Horovod's Keras optimizer running on Keras 3 (checked at trace time)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if f"horovod{os.sep}_keras" in frame.f_code.co_filename:
+            require_legacy_keras()
+            return
+        frame = frame.f_back
+
+
+def DistributedOptimizer(optimizer: Any, compression: Any, **kwargs: Any) -> Any:
+    """``horovod.tensorflow.keras.DistributedOptimizer`` with an hvd_sparse compressor.
+
+    Refuses Keras 3 (see module docstring) and, for whole-model methods, puts every gradient in
+    one group (``num_groups=1``) unless the caller chose a grouping.
+    """
+    require_legacy_keras()
+    import horovod.tensorflow.keras as hvd_keras
+
+    from .compressor import with_model_grouping
+
+    return hvd_keras.DistributedOptimizer(optimizer, compression=compression,
+                                          **with_model_grouping(compression, kwargs))
