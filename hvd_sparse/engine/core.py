@@ -53,6 +53,7 @@ class Bucket:
     step: int = 0
     control: Any = None
     stats: BucketStats | None = None
+    layout_checked: bool = False    # per process, not per checkpoint: every rank checks once
 
 
 def value_dtype_for(dtypes: tuple[str, ...]) -> str:
@@ -87,8 +88,9 @@ class Engine:
         b = self.backend
         bucket = self._bucket(key, tensors)
         name = f"{self.prefix}.{key}"
-        if bucket.step == 0 and check_layout and self.size > 1:
+        if check_layout and not bucket.layout_checked and self.size > 1:
             yield from self._agree_on_layout(bucket, name)
+        bucket.layout_checked = True
         ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b)
         if bucket.control is None:
             bucket.control = self.algorithm.init_control(ctx)
@@ -241,8 +243,10 @@ class Engine:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a checkpoint taken by ``state_dict`` (on this rank). Buckets not created yet are
-        restored when they first appear."""
+        """Restore a checkpoint taken by ``state_dict`` on this rank. At another world size, load
+        any rank's file on every rank (e.g. that of rank ``r % old_size``): residuals are reset,
+        the step and control state carry over. Buckets not created yet are restored when they
+        first appear."""
         if state.get("format") != STATE_FORMAT:
             raise ConfigurationError(f"unknown checkpoint format {state.get('format')!r}")
         if state["algorithm"] != self.algorithm.name:
@@ -250,6 +254,8 @@ class Engine:
                 f"checkpoint is from {state['algorithm']!r}, this compressor runs "
                 f"{self.algorithm.name!r}: load it into the same method")
         if state["size"] != self.size:
+            # Any rank's file will do: residuals are dropped, and the step counter and control
+            # state are the same in every rank's file.
             warnings.warn(
                 f"hvd_sparse: checkpoint taken at world size {state['size']}, resuming at {self.size}:"
                 " residuals are reset and rank-dependent control state is rebuilt", stacklevel=2)

@@ -25,8 +25,11 @@ def keras_is_legacy() -> bool:
     """True when ``tf.keras`` is Keras 2 (tf-keras), which Horovod 0.28.1 supports."""
     import tensorflow as tf
 
-    version = getattr(tf.keras, "__version__", None) or getattr(tf.keras, "version", lambda: "3")()
-    return str(version).split(".")[0] == "2"
+    if getattr(tf.keras, "__name__", "").startswith("tf_keras"):
+        return True  # TF >= 2.16 with TF_USE_LEGACY_KERAS=1
+    import keras
+
+    return int(keras.__version__.split(".")[0]) < 3  # TF <= 2.15 ships Keras 2 as tf.keras
 
 
 def require_legacy_keras() -> None:

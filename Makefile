@@ -1,0 +1,28 @@
+# Every target installs what it needs first (tools/install.sh is idempotent: seconds when done).
+VENV   := .venv
+PYTHON := $(VENV)/bin/python
+RUN    := OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1
+NP     ?= 2
+PYTEST_ARGS ?=
+
+.PHONY: install demo test unit lint clean
+
+install:
+	@bash tools/install.sh
+
+demo: install
+	$(RUN) $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) $(PYTHON) examples/digits_torch.py
+
+lint: install
+	$(VENV)/bin/ruff check hvd_sparse tests examples tools
+
+# pytest exits 5 when a selection (PYTEST_ARGS="-k ...") matches no test: report it, do not fail.
+test: install lint
+	@$(RUN) $(PYTHON) -m pytest -ra $(PYTEST_ARGS); rc=$$?; \
+	if [ $$rc -eq 5 ]; then echo "pytest: no tests matched '$(PYTEST_ARGS)'"; exit 0; fi; exit $$rc
+
+unit: install
+	$(RUN) $(PYTHON) -m pytest -ra -m "not multiproc" $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis
