@@ -84,6 +84,14 @@ class Algorithm:
         self.pattern = check_choice("pattern", pattern or self.patterns[0], self.patterns)
         self.scope = check_choice("scope", scope or self.scopes[0], self.scopes)
 
+    def plan(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
+        """Group the model's gradients into buckets: (bucket name, member keys) in a
+        rank-independent order. ``keys`` are in parameter (forward) order. By ``scope``: one
+        bucket per tensor, or the whole model as one bucket named "model"."""
+        if self.scope == MODEL:
+            return [("model", list(keys))]
+        return [(key, [key]) for key in keys]
+
     def k(self, numel: int) -> int:
         """Entries to send from a bucket of ``numel``: floor(density * numel), at least one."""
         return max(1, min(numel, int(self.density * numel)))
@@ -95,6 +103,16 @@ class Algorithm:
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
         raise NotImplementedError
+
+    def fallback(self, control: Any, ctx: StepContext) -> Any:
+        """The single index sent when the selection is empty (a collective must never be empty).
+        Exclusive methods override it to stay inside their own partition."""
+        return ctx.backend.arange(ctx.step % ctx.numel, ctx.step % ctx.numel + 1)
+
+    def union_indices(self, gathered: Any, control: Any, ctx: StepContext) -> Any:
+        """The aggregated index set of the union pattern, identical on every rank: the
+        concatenation when selections are disjoint by construction, else the distinct indices."""
+        return gathered if self.exclusive else ctx.backend.unique(gathered)
 
     # --- control state ----------------------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> Any:

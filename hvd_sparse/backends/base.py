@@ -78,6 +78,11 @@ class Backend:
         """Host bool (synchronizes)."""
         raise NotImplementedError
 
+    def tensors_finite(self, tensors: list[Array]) -> bool:
+        """Whether no tensor holds NaN or Inf: one sum per tensor and a single host
+        synchronization (a sum is finite exactly when its terms are, short of overflow)."""
+        raise NotImplementedError
+
     # --- selection and scatter -------------------------------------------------------------------
     def topk_indices(self, x: Array, k: int) -> Array:
         """Indices (int64, any order) of the k largest entries of x; k <= numel(x)."""

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from .base import Backend
@@ -57,6 +59,9 @@ class NumpyBackend(Backend):
 
     def all_finite(self, x):
         return bool(np.isfinite(x).all())
+
+    def tensors_finite(self, tensors):
+        return math.isfinite(sum(float(np.sum(t, dtype=np.float64)) for t in tensors))
 
     def topk_indices(self, x, k):
         if k >= x.size:

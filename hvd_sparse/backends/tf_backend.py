@@ -58,6 +58,10 @@ class TensorFlowBackend(Backend):
     def all_finite(self, x):
         return bool(tf.reduce_all(tf.math.is_finite(x)))
 
+    def tensors_finite(self, tensors):
+        total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
+        return bool(tf.math.is_finite(total))
+
     def topk_indices(self, x, k):
         if k >= int(tf.size(x)):
             return tf.range(tf.size(x, out_type=tf.int64), dtype=tf.int64)

@@ -65,6 +65,10 @@ class TorchBackend(Backend):
     def all_finite(self, x):
         return bool(torch.isfinite(x).all())
 
+    def tensors_finite(self, tensors):
+        total = torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum()
+        return bool(torch.isfinite(total))
+
     def topk_indices(self, x, k):
         if k >= x.numel():
             return torch.arange(x.numel(), device=x.device)

@@ -27,28 +27,42 @@ class LocalGroup:
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
 
     def run(self, protocols: list[Protocol]) -> list[Any]:
-        """Run one protocol per rank to completion; return each rank's result."""
+        """Run one protocol per rank to completion; return each rank's result.
+
+        A rank that raises stops there. If every other rank stops too (raising or finishing),
+        rank-order's first exception is re-raised, with ``ranks_raised`` listing who raised. If
+        another rank goes on to a collective instead, a real job would hang: RankMismatchError.
+        """
         if len(protocols) != self.size:
             raise ValueError(f"expected {self.size} protocols (one per rank), got {len(protocols)}")
         results: list[Any] = [None] * self.size
-        phases: list[list[Collective] | None] = []
-        for rank, protocol in enumerate(protocols):
-            phases.append(self._advance(protocol, None, rank, results))
+        errors: dict[int, BaseException] = {}
+        phases = [self._advance(p, None, rank, results, errors) for rank, p in enumerate(protocols)]
         while any(phase is not None for phase in phases):
+            if errors:
+                waiting = [rank for rank, phase in enumerate(phases) if phase is not None]
+                raise RankMismatchError(
+                    f"ranks {sorted(errors)} raised {next(iter(errors.values()))!r} while ranks "
+                    f"{waiting} went on to a collective: a real job would hang")
             outputs = self._execute(phases)
-            phases = [
-                self._advance(protocol, outputs[rank], rank, results) if phases[rank] is not None else None
-                for rank, protocol in enumerate(protocols)
-            ]
+            phases = [self._advance(p, outputs[rank], rank, results, errors) if phases[rank] is not None
+                      else None for rank, p in enumerate(protocols)]
+        if errors:
+            first = errors[min(errors)]
+            first.ranks_raised = sorted(errors)  # type: ignore[attr-defined]
+            raise first
         return results
 
     @staticmethod
-    def _advance(protocol: Protocol, sent: list | None, rank: int, results: list) -> list | None:
+    def _advance(protocol: Protocol, sent: list | None, rank: int, results: list,
+                 errors: dict) -> list | None:
         try:
             return next(protocol) if sent is None else protocol.send(sent)
         except StopIteration as done:
             results[rank] = done.value
-            return None
+        except Exception as error:  # reported per rank by run()
+            errors[rank] = error
+        return None
 
     def _execute(self, phases: list[list[Collective] | None]) -> list[list]:
         self._check_agreement(phases)

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.base import GATHER, SHARED, UNION, Algorithm, StepContext, StepOutcome
+from ..algorithms.base import GATHER, SHARED, UNION, Algorithm, StepContext, StepOutcome, check_choice
 from ..backends import Backend, index_dtype_for
 from ..comm import ALLGATHER, ALLREDUCE, Collective, Protocol
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
@@ -37,6 +37,9 @@ _TRANSPORTABLE = ("float16", "float32", "float64")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
 STATE_FORMAT = 1
+# What a rank does with a NaN/Inf gradient: send zeros and keep its residual ("skip", with a
+# warning), make every rank raise ("raise"), or not look (no check at all: "ignore").
+NONFINITE_POLICIES = ("skip", "raise", "ignore")
 
 
 @dataclass
@@ -54,6 +57,7 @@ class Bucket:
     control: Any = None
     stats: BucketStats | None = None
     layout_checked: bool = False    # per process, not per checkpoint: every rank checks once
+    nonfinite_steps: int = 0
 
 
 def value_dtype_for(dtypes: tuple[str, ...]) -> str:
@@ -68,9 +72,10 @@ class Engine:
     """Per-rank state of every bucket, and the step protocol (see module docstring)."""
 
     def __init__(self, algorithm: Algorithm, backend: Backend, rank: int, size: int,
-                 prefix: str = "hvd_sparse"):
+                 prefix: str = "hvd_sparse", nonfinite: str = "skip"):
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} outside a world of size {size}")
+        self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         self.algorithm = algorithm
         self.backend = backend
         self.rank = rank
@@ -95,13 +100,26 @@ class Engine:
         if bucket.control is None:
             bucket.control = self.algorithm.init_control(ctx)
 
-        acc = b.accumulate(bucket.residual, tensors)
+        # A rank whose gradient is not finite still takes part in every collective (skipping one
+        # would hang the others) but sends zeros -- or NaN, so every rank raises -- and keeps its
+        # residual as it was.
+        finite = self.nonfinite == "ignore" or b.tensors_finite(tensors)
+        if finite:
+            acc = b.accumulate(bucket.residual, tensors)
+        else:
+            acc = b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
+            bucket.nonfinite_steps += 1
+            if self.nonfinite == "skip":
+                warnings.warn(f"hvd_sparse: non-finite gradient in {key!r} on rank {self.rank} at "
+                              f"step {bucket.step}: this rank sends zeros and keeps its residual",
+                              RuntimeWarning, stacklevel=2)
+        poison = not finite and self.nonfinite == "raise"
+
         started = time.perf_counter()
         idx = yield from self.algorithm.select(acc, bucket.control, ctx)
+        if b.numel(idx) == 0:  # never send nothing: an empty collective can hang (HOROVOD.md 1.8)
+            idx = self.algorithm.fallback(bucket.control, ctx)
         selected = b.numel(idx)
-        if selected == 0:
-            raise RuntimeError(f"{type(self.algorithm).__name__} selected nothing in bucket {key!r}: "
-                               "every method must send at least one index")
         select_seconds = time.perf_counter() - started
         idx = b.cast(idx, bucket.index_dtype)
 
@@ -109,34 +127,40 @@ class Engine:
         isz, vsz = _ITEMSIZE[bucket.index_dtype], _ITEMSIZE[bucket.value_dtype]
         union_size = None
         if pattern == GATHER:
-            values, acc = self._send(bucket, acc, idx)
-            all_idx, all_values = yield [Collective(ALLGATHER, f"{name}.idx", idx),
-                                         Collective(ALLGATHER, f"{name}.val", values)]
+            values, acc = self._send(bucket, acc, idx, poison)
+            all_idx, received = yield [Collective(ALLGATHER, f"{name}.idx", idx),
+                                       Collective(ALLGATHER, f"{name}.val", values)]
             gathered = b.numel(all_idx)
-            out = b.scatter(bucket.numel, all_idx, b.cast(all_values, "float32"), like=acc)
+            out = b.scatter(bucket.numel, all_idx, b.cast(received, "float32"), like=acc)
             bytes_sent = selected * (isz + vsz)
             bytes_received = (gathered - selected) * (isz + vsz)
         elif pattern == UNION:
             (all_idx,) = yield [Collective(ALLGATHER, f"{name}.idx", idx)]
             gathered = b.numel(all_idx)
-            union = all_idx if self.algorithm.exclusive else b.unique(all_idx)
+            union = self.algorithm.union_indices(all_idx, bucket.control, ctx)
             union_size = b.numel(union)
-            values, acc = self._send(bucket, acc, union)
-            (summed,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
-            out = b.scatter(bucket.numel, union, b.cast(summed, "float32"), like=acc)
+            values, acc = self._send(bucket, acc, union, poison)
+            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
+            out = b.scatter(bucket.numel, union, b.cast(received, "float32"), like=acc)
             bytes_sent = selected * isz + union_size * vsz
             bytes_received = (gathered - selected) * isz + union_size * vsz
         elif pattern == SHARED:
-            values, acc = self._send(bucket, acc, idx)
-            (summed,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
+            values, acc = self._send(bucket, acc, idx, poison)
+            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
             all_idx, union_size = idx, selected
-            out = b.scatter(bucket.numel, idx, b.cast(summed, "float32"), like=acc)
+            out = b.scatter(bucket.numel, idx, b.cast(received, "float32"), like=acc)
             bytes_sent = bytes_received = selected * vsz
         else:  # pragma: no cover  (patterns are validated by Algorithm.__init__)
             raise ConfigurationError(f"unknown pattern {pattern!r}")
+        if self.nonfinite == "raise" and not b.all_finite(received):
+            raise FloatingPointError(
+                f"hvd_sparse: non-finite gradient in {key!r} at step {bucket.step} on at least one "
+                "rank (raised on every rank); pass nonfinite='skip' to drop such a rank's "
+                "contribution for the step instead")
         if self.size > 1:
             out = b.scale(out, 1.0 / self.size)
-        bucket.residual = acc
+        if finite:
+            bucket.residual = acc
 
         bucket.control = self.algorithm.observe(
             bucket.control, StepOutcome(selected, union_size, all_idx), ctx)
@@ -146,6 +170,7 @@ class Engine:
             selected=selected, bytes_sent=bytes_sent, bytes_received=bytes_received,
             select_seconds=select_seconds, backend=b, residual=acc, union_size=union_size,
             gathered_indices=None if union_size is not None else all_idx,
+            nonfinite_steps=bucket.nonfinite_steps,
             extra=self.algorithm.control_stats(bucket.control))
         return b.split_like(out, tensors)
 
@@ -167,10 +192,12 @@ class Engine:
             return [[idx], [(ALLREDUCE, f"{name}.val", val_dtype)]]
         return [[(ALLREDUCE, f"{name}.val", val_dtype)]]
 
-    def _send(self, bucket: Bucket, acc: Any, idx: Any) -> tuple[Any, Any]:
+    def _send(self, bucket: Bucket, acc: Any, idx: Any, poison: bool) -> tuple[Any, Any]:
         """Values to send at idx, and the residual left behind (exact error feedback)."""
         b = self.backend
         values = b.take(acc, idx)
+        if poison:
+            values = values + float("nan")
         if bucket.value_dtype == b.dtype_name(acc):
             return values, b.zero_at(acc, idx)
         sent = b.cast(values, bucket.value_dtype)

@@ -29,6 +29,7 @@ class BucketStats:
     residual: Any = None               # reference; its norm is computed on demand
     union_size: int | None = None      # known exactly (union/shared patterns) ...
     gathered_indices: Any = None       # ... or derived on demand (gather pattern)
+    nonfinite_steps: int = 0
     extra: dict = field(default_factory=dict)
 
     def union(self) -> int:
@@ -45,24 +46,34 @@ def summarize(buckets: list[BucketStats], density_target: float) -> dict:
     """The last step over all buckets: the dict every compressor's ``stats()`` returns."""
     if not buckets:
         return {"step": 0, "density_target": density_target, "density_actual": 0.0, "k": 0,
-                "selected": 0, "union": 0, "numel": 0, "bytes_sent": 0, "bytes_received": 0,
-                "select_seconds": 0.0, "residual_norm": 0.0, "buckets": 0}
+                "selected": 0, "union": 0, "buildup": 0.0, "numel": 0, "bytes_sent": 0,
+                "bytes_received": 0, "select_seconds": 0.0, "residual_norm": 0.0, "buckets": 0,
+                "nonfinite_steps": 0}
     numel = sum(b.numel for b in buckets)
     union = sum(b.union() for b in buckets)
+    k = sum(b.k for b in buckets)
     out = {
         "step": max(b.step for b in buckets),
         "density_target": density_target,
         "density_actual": union / numel,
-        "k": sum(b.k for b in buckets),
+        "k": k,
         "selected": sum(b.selected for b in buckets),
         "union": union,
+        "buildup": union / k,
         "numel": numel,
         "bytes_sent": sum(b.bytes_sent for b in buckets),
         "bytes_received": sum(b.bytes_received for b in buckets),
         "select_seconds": sum(b.select_seconds for b in buckets),
         "residual_norm": math.sqrt(sum(b.residual_sq() for b in buckets)),
         "buckets": len(buckets),
+        "nonfinite_steps": sum(b.nonfinite_steps for b in buckets),
     }
     if len(buckets) == 1:
         out.update(buckets[0].extra)
+    else:  # scalars every bucket reports (e.g. a per-tensor threshold): their mean
+        shared = set.intersection(*(set(b.extra) for b in buckets))
+        for key in sorted(shared):
+            values = [b.extra[key] for b in buckets]
+            if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
+                out[key] = sum(values) / len(values)
     return out

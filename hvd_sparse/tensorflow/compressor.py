@@ -7,10 +7,12 @@ runs it every step; state (residuals, thresholds) stays in Python between steps.
 
 * Scope "tensor": each gradient's step becomes py_function phases joined by Horovod graph ops
   (asynchronous kernels, named by the gradient's position), so tensors may complete in any order.
-* Scope "model": every ``compress`` of the trace stashes its gradient; the first ``decompress``
-  builds one py_function that runs the whole-model step with eager, blocking collectives, one per
-  step per rank. It needs every gradient in one Horovod group (``num_groups=1``); without it each
-  gradient sits in its own ``tf.cond`` and the compressor raises a clear error at trace time.
+* Other scopes (the whole model, merged groups): every ``compress`` of the trace stashes its
+  gradient; the first ``decompress`` buckets them by the algorithm's plan. One bucket runs in one
+  py_function with eager, blocking collectives (one per step per rank, so any protocol works);
+  several become phased graphs as above. This needs every gradient in one Horovod group
+  (``num_groups=1``); without it each gradient sits in its own ``tf.cond`` and the compressor
+  raises a clear error at trace time.
 """
 
 from __future__ import annotations
@@ -24,15 +26,15 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 from tensorflow.python.framework.func_graph import FuncGraph
 
-from ..algorithms.base import MODEL, Algorithm
+from ..algorithms.base import TENSOR, Algorithm, check_choice
 from ..backends import get_backend
 from ..comm import Collective, run_blocking
 from ..comm.horovod_tf import HorovodTFComm
 from ..engine import Engine, summarize
+from ..engine.core import NONFINITE_POLICIES
 from ..errors import ConfigurationError, RankMismatchError
 from .keras import refuse_keras3_under_horovod_keras
 
-MODEL_BUCKET = "model"
 _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
 
 
@@ -40,9 +42,8 @@ _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
 class _Trace:
     """What one trace of Horovod's allreduce function has seen so far."""
 
-    ordinal: int = 0
     stash: list = field(default_factory=list)
-    model_outputs: list | None = None
+    outputs: list | None = None
 
 
 def _root_graph() -> Any:
@@ -61,12 +62,16 @@ class SparseCompressor(Compressor):
         algorithm: the method and its hyper-parameters.
         process_set: the Horovod process set the gradients are reduced over (default: global).
         prefix: prefix of every collective's name; give two compressors in one job distinct ones.
+        nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
+            the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
     """
 
-    def __init__(self, algorithm: Algorithm, *, process_set: Any = None, prefix: str = "hvd_sparse"):
+    def __init__(self, algorithm: Algorithm, *, process_set: Any = None, prefix: str = "hvd_sparse",
+                 nonfinite: str = "skip"):
         self.algorithm = algorithm
         self.process_set = process_set
         self.prefix = prefix
+        self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         self._engine: Engine | None = None
         self._comm: HorovodTFComm | None = None
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -83,27 +88,27 @@ class SparseCompressor(Compressor):
         trace = self._trace()
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else tf.float32
         placeholder = tf.zeros([1], dtype=dtype)
-        if self.algorithm.scope == MODEL:
-            if trace.model_outputs is not None:
-                raise ConfigurationError(
-                    f"{type(self.algorithm).__name__} with scope='model' needs every gradient in one "
-                    "Horovod group: pass num_groups=1 to hvd.DistributedGradientTape or to the Keras "
-                    "hvd.DistributedOptimizer (or use hvd_sparse.tensorflow.DistributedGradientTape, "
-                    "which does it for you)")
+        if self.algorithm.scope == TENSOR:  # works whatever Horovod's grouping
+            key = f"g{len(trace.stash)}"
             trace.stash.append(tensor)
-            return placeholder, len(trace.stash) - 1
-        key = f"g{trace.ordinal}"
-        trace.ordinal += 1
-        return placeholder, self._per_tensor_graph(key, tensor)
+            return placeholder, self._phased_graph(key, [tensor])[0]
+        if trace.outputs is not None:
+            raise ConfigurationError(
+                f"{type(self.algorithm).__name__} with scope={self.algorithm.scope!r} needs every "
+                "gradient in one Horovod group: pass num_groups=1 to hvd.DistributedGradientTape or "
+                "to the Keras hvd.DistributedOptimizer (or use "
+                "hvd_sparse.tensorflow.DistributedGradientTape, which does it for you)")
+        trace.stash.append(tensor)
+        return placeholder, len(trace.stash) - 1
 
     def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        if self.algorithm.scope == MODEL:
-            trace = self._trace()
-            if trace.model_outputs is None:
-                trace.model_outputs = self._model_graph(trace.stash)
-            out = trace.model_outputs[ctx]
-        else:
+        if self.algorithm.scope == TENSOR:
             out = ctx
+        else:
+            trace = self._trace()
+            if trace.outputs is None:
+                trace.outputs = self._bucket_graphs(trace.stash)
+            out = trace.outputs[ctx]
         with tf.control_dependencies([tensor]):  # keep Horovod's placeholder allreduce in the graph
             return tf.identity(out)
 
@@ -129,7 +134,7 @@ class SparseCompressor(Compressor):
         if self._engine is None:
             self._comm = HorovodTFComm(self.process_set)
             self._engine = Engine(self.algorithm, get_backend("tensorflow"), self._comm.rank,
-                                  self._comm.size, self.prefix)
+                                  self._comm.size, self.prefix, self.nonfinite)
         return self._engine
 
     def _trace(self) -> _Trace:
@@ -138,23 +143,40 @@ class SparseCompressor(Compressor):
             self._traces[graph] = _Trace()
         return self._traces[graph]
 
-    def _per_tensor_graph(self, key: str, tensor: tf.Tensor) -> tf.Tensor:
+    def _bucket_graphs(self, grads: list) -> list:
+        """Outputs for every stashed gradient, bucketed by the algorithm's plan. A single bucket
+        runs in one py_function with blocking collectives (any protocol, e.g. one that selects with
+        a broadcast); several run as phased graphs, which may complete in any order."""
+        keys = [f"g{i}" for i in range(len(grads))]
+        plan = self.algorithm.plan(keys, [g.shape.num_elements() for g in grads])
+        position = {key: i for i, key in enumerate(keys)}
+        outputs: list = [None] * len(grads)
+        for bucket, members in plan:
+            tensors = [grads[position[key]] for key in members]
+            if len(plan) == 1:
+                results = tf.py_function(functools.partial(self._run_blocking, bucket), tensors,
+                                         Tout=[t.dtype for t in tensors])
+            else:
+                results = self._phased_graph(bucket, tensors)
+            for key, out, grad in zip(members, results, tensors, strict=True):
+                out.set_shape(grad.shape)
+                outputs[position[key]] = out
+        return outputs
+
+    def _phased_graph(self, key: str, tensors: list) -> list:
+        """The bucket's step as py_function phases joined by Horovod graph collectives."""
         engine, comm = self._engine, self._comm
-        schedule = engine.schedule(key, tensor.shape.num_elements(), (tensor.dtype.name,))
-        inputs = [tensor]
+        schedule = engine.schedule(key, sum(t.shape.num_elements() for t in tensors),
+                                   tuple(t.dtype.name for t in tensors))
+        inputs = list(tensors)
         for position, phase in enumerate(schedule):
             requests = tf.py_function(functools.partial(self._advance, key, position, phase), inputs,
                                       Tout=[dtype for _, _, dtype in phase])
             inputs = [comm.graph_op(op, t, name) for (op, name, _), t in zip(phase, requests, strict=True)]
-        (out,) = tf.py_function(functools.partial(self._advance, key, len(schedule), None), inputs,
-                                Tout=[tensor.dtype])
-        out.set_shape(tensor.shape)
-        return out
-
-    def _model_graph(self, grads: list) -> list:
-        outputs = tf.py_function(self._run_model, grads, Tout=[g.dtype for g in grads])
-        for out, grad in zip(outputs, grads, strict=True):
-            out.set_shape(grad.shape)
+        outputs = tf.py_function(functools.partial(self._advance, key, len(schedule), None), inputs,
+                                 Tout=[t.dtype for t in tensors])
+        for out, tensor in zip(outputs, tensors, strict=True):
+            out.set_shape(tensor.shape)
         return outputs
 
     # --- run time (inside tf.py_function, eager) --------------------------------------------------
@@ -176,14 +198,14 @@ class SparseCompressor(Compressor):
                                     f"graph was built for {expected}")
         return [c.tensor for c in phase]
 
-    def _run_model(self, *grads) -> list:
-        return run_blocking(self._engine.step(MODEL_BUCKET, list(grads)), self._comm.execute)
+    def _run_blocking(self, key: str, *grads) -> list:
+        return run_blocking(self._engine.step(key, list(grads)), self._comm.execute)
 
 
 def with_model_grouping(compression: Any, kwargs: dict) -> dict:
     """Horovod keyword arguments with every gradient in one group (``num_groups=1``) when
-    ``compression`` is a whole-model method and the caller chose no grouping."""
+    ``compression`` buckets several tensors together and the caller chose no grouping."""
     algorithm = getattr(compression, "algorithm", None)
-    if algorithm is not None and algorithm.scope == MODEL and "groups" not in kwargs:
+    if algorithm is not None and algorithm.scope != TENSOR and "groups" not in kwargs:
         kwargs = {**kwargs, "num_groups": kwargs.get("num_groups") or 1}
     return kwargs

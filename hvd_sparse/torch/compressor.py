@@ -4,13 +4,15 @@ Stock ``hvd.DistributedOptimizer`` calls ``compress(grad)`` once per gradient (i
 hook) and allreduces whatever it returns, then calls ``decompress`` for each gradient when the
 optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without patching Horovod:
 
-* ``compress`` returns a one-element placeholder (Horovod's allreduce of it is tiny and fused).
-  Scope "tensor": the gradient's protocol starts right there, its collectives named after the
-  parameter and issued asynchronously, so communication overlaps the rest of the backward pass.
-  Scope "model": the gradient is stashed.
-* The first ``decompress`` of a step starts the whole-model protocol (by then every rank has issued
-  every ``compress`` of the step) and drives all protocols to completion, phase by phase; later
-  calls return their piece.
+* ``compress`` returns a one-element placeholder (Horovod's allreduce of it is tiny and fused)
+  and files the gradient into its bucket (algorithms/base.py ``plan``: per tensor, the whole
+  model, or merged groups). When a bucket is complete its protocol starts right there, its
+  collectives named after the bucket and issued asynchronously, so communication overlaps the
+  rest of the backward pass.
+* The first ``decompress`` of a step (by then every rank has issued every ``compress`` of the
+  step) starts any bucket not started yet -- on the first step, before the plan is known, that is
+  all of them -- and drives all protocols to completion, phase by phase; later calls return their
+  piece.
 """
 
 from __future__ import annotations
@@ -22,13 +24,14 @@ from typing import Any
 import torch
 from horovod.torch.compression import Compressor
 
-from ..algorithms.base import MODEL, Algorithm
+from ..algorithms.base import Algorithm, check_choice
 from ..backends import get_backend
 from ..comm.horovod_torch import AsyncProtocols, HorovodTorchComm
 from ..engine import Engine, summarize
+from ..engine.core import NONFINITE_POLICIES
+from ..errors import ConfigurationError
 
 _PLACEHOLDER_DTYPES = (torch.float16, torch.float32, torch.float64)
-MODEL_BUCKET = "model"
 
 
 class SparseCompressor(Compressor):
@@ -42,13 +45,16 @@ class SparseCompressor(Compressor):
             running the backward hooks in the same order.
         process_set: the Horovod process set the optimizer reduces over (default: global).
         prefix: prefix of every collective's name; give two compressors in one job distinct ones.
+        nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
+            the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
     """
 
     def __init__(self, algorithm: Algorithm, *, named_parameters: Iterable | None = None,
-                 process_set: Any = None, prefix: str = "hvd_sparse"):
+                 process_set: Any = None, prefix: str = "hvd_sparse", nonfinite: str = "skip"):
         self.algorithm = algorithm
         self.process_set = process_set
         self.prefix = prefix
+        self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         self._param_order: dict[str, int] = {}
         self._params_by_numel: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}
         if named_parameters is not None:
@@ -57,44 +63,42 @@ class SparseCompressor(Compressor):
                 self._params_by_numel.setdefault(param.numel(), []).append((name, param))
         self._engine: Engine | None = None
         self._protocols: AsyncProtocols | None = None
-        self._stash: dict[str, torch.Tensor] = {}
-        self._model_slot: dict[str, int] = {}
+        self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys
+        self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
+        self._arrived: dict[str, torch.Tensor] = {}          # this step's gradients, by key
+        self._started: set[str] = set()
+        self._flushed = False
         self._outstanding = 0
         self._ordinal = 0
         self._warned_unmatched = False
 
     # --- Horovod's interface --------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        engine, protocols = self._ensure_engine()
+        self._ensure_engine()
         if self._outstanding == 0:  # first gradient of a new step
-            protocols.clear()
-            self._stash.clear()
-            self._model_slot.clear()
-            self._ordinal = 0
+            self._begin_step()
         self._outstanding += 1
         key = self._key_for(tensor)
-        if self.algorithm.scope == MODEL:
-            self._stash[key] = tensor
-        else:
-            protocols.start(key, engine.step(key, [tensor]))
+        self._arrived[key] = tensor
+        planned = self._bucket_of.get(key)
+        if planned is not None and all(m in self._arrived for m in self._members[planned[0]]):
+            self._start(planned[0])  # the bucket is complete: communicate during backward
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else torch.float32
         return torch.zeros(1, dtype=dtype, device=tensor.device), key
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        key = ctx
-        engine, protocols = self._ensure_engine()
-        if self.algorithm.scope == MODEL and MODEL_BUCKET not in protocols.results:
-            arrival = {k: i for i, k in enumerate(self._stash)}
-            unknown = len(self._param_order)
-            order = sorted(self._stash, key=lambda k: (self._param_order.get(k, unknown), arrival[k]))
-            self._model_slot = {k: i for i, k in enumerate(order)}
-            protocols.start(MODEL_BUCKET, engine.step(MODEL_BUCKET, [self._stash[k] for k in order]))
-            self._stash.clear()
-        protocols.finish_all()
+        _, protocols = self._ensure_engine()
+        if not self._flushed:  # first decompress of the step: every compress has happened
+            self._flushed = True
+            if set(self._arrived) != set(self._bucket_of):
+                self._make_plan()
+            for bucket in self._members:
+                if bucket not in self._started:
+                    self._start(bucket)
+            protocols.finish_all()
         self._outstanding -= 1
-        if self.algorithm.scope == MODEL:
-            return protocols.results[MODEL_BUCKET][self._model_slot[key]]
-        return protocols.results[key][0]
+        bucket, position = self._bucket_of[ctx]
+        return protocols.results[bucket][position]
 
     # --- statistics and checkpoints -------------------------------------------------------------
     def stats(self) -> dict:
@@ -117,9 +121,42 @@ class SparseCompressor(Compressor):
     def _ensure_engine(self) -> tuple[Engine, AsyncProtocols]:
         if self._engine is None:
             comm = HorovodTorchComm(self.process_set)
-            self._engine = Engine(self.algorithm, get_backend("torch"), comm.rank, comm.size, self.prefix)
+            self._engine = Engine(self.algorithm, get_backend("torch"), comm.rank, comm.size,
+                                  self.prefix, self.nonfinite)
             self._protocols = AsyncProtocols(comm)
         return self._engine, self._protocols  # type: ignore[return-value]
+
+    def _begin_step(self) -> None:
+        self._protocols.clear()  # type: ignore[union-attr]
+        self._arrived.clear()
+        self._started.clear()
+        self._flushed = False
+        self._ordinal = 0
+
+    def _start(self, bucket: str) -> None:
+        tensors = [self._arrived[key] for key in self._members[bucket]]
+        self._protocols.start(bucket, self._engine.step(bucket, tensors))  # type: ignore[union-attr]
+        self._started.add(bucket)
+
+    def _make_plan(self) -> None:
+        """Buckets over the gradients that arrived, in a rank-independent order: parameter order
+        when named_parameters was given, else the reverse of arrival (hook) order."""
+        if self._param_order:
+            unknown = len(self._param_order)
+            arrival = {k: i for i, k in enumerate(self._arrived)}
+            keys = sorted(self._arrived, key=lambda k: (self._param_order.get(k, unknown), arrival[k]))
+        else:
+            keys = list(reversed(self._arrived))
+        plan = self.algorithm.plan(keys, [self._arrived[k].numel() for k in keys])
+        members = {bucket: list(ks) for bucket, ks in plan}
+        for bucket in self._started:
+            if members.get(bucket) != self._members.get(bucket):
+                raise ConfigurationError(
+                    f"the set of gradients changed between steps (bucket {bucket!r} was "
+                    f"{self._members.get(bucket)}, is now {members.get(bucket)}); a compressor "
+                    "serves one fixed set of parameters: create a new one")
+        self._members = members
+        self._bucket_of = {key: (bucket, i) for bucket, ks in plan for i, key in enumerate(ks)}
 
     def _key_for(self, tensor: torch.Tensor) -> str:
         for name, param in self._params_by_numel.get(tensor.numel(), ()):

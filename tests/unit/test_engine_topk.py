@@ -226,3 +226,43 @@ def test_checkpoint_errors_and_world_size_change():
     LocalGroup(4).run([e.step("w", [np.zeros(10, np.float32)]) for e in bigger])
     assert all(e.buckets["w"].step == 2 for e in bigger)
     np.testing.assert_array_equal(bigger[0].buckets["w"].residual, 0)  # reset, then a zero gradient
+
+
+def test_nonfinite_gradient_is_skipped_by_that_rank_only():
+    size = 3
+    engines = [Engine(TopK(0.5), NP, r, size) for r in range(size)]
+    grads = [[np.array([1.0, -2.0, 3.0, -4.0], np.float32) * (r + 1)] for r in range(size)]
+    grads[1][0][2] = np.nan
+    with pytest.warns(RuntimeWarning, match="non-finite gradient in 'w' on rank 1"):
+        outputs = LocalGroup(size).run([e.step("w", grads[r]) for r, e in enumerate(engines)])
+    # Ranks 0 and 2 send their top-2 (indices 2, 3); rank 1 sends zeros.
+    np.testing.assert_allclose(outputs[0][0], [0, 0, (3 + 9) / 3, (-4 - 12) / 3])
+    np.testing.assert_array_equal(engines[1].buckets["w"].residual, 0)  # untouched
+    np.testing.assert_array_equal(engines[2].buckets["w"].residual, [3, -6, 0, 0])
+    assert engines[1].stats()["nonfinite_steps"] == 1 and engines[0].stats()["nonfinite_steps"] == 0
+
+
+@pytest.mark.parametrize("pattern", ["gather", "union"])
+def test_nonfinite_gradient_raises_on_every_rank_when_asked(pattern):
+    size = 4
+    engines = [Engine(TopK(0.5, pattern=pattern), NP, r, size, nonfinite="raise") for r in range(size)]
+    grads = [[np.ones(6, np.float32)] for _ in range(size)]
+    grads[2][0][0] = np.inf
+    with pytest.raises(FloatingPointError, match="raised on every rank") as raised:
+        LocalGroup(size).run([e.step("w", grads[r]) for r, e in enumerate(engines)])
+    assert raised.value.ranks_raised == [0, 1, 2, 3]
+
+
+def test_bad_nonfinite_policy():
+    with pytest.raises(ConfigurationError, match="nonfinite must be one of"):
+        Engine(TopK(0.1), NP, 0, 1, nonfinite="drop")
+
+
+def test_local_group_reports_a_rank_that_raises_while_others_wait():
+    def protocol(rank):
+        if rank == 1:
+            raise ValueError("boom")
+        yield [Collective(ALLGATHER, "a", np.zeros(1))]
+
+    with pytest.raises(RankMismatchError, match="would hang"):
+        LocalGroup(2).run([protocol(0), protocol(1)])
