@@ -39,9 +39,11 @@ class StepContext:
     rank: int
     size: int
     step: int           # communication rounds completed by this bucket before this one
-    key: str            # the bucket's name
+    key: str            # the bucket's key
     numel: int
     backend: Backend
+    name: str = ""      # prefix of the bucket's collective names (a method's own collectives
+                        # are named f"{ctx.name}.<something>")
 
 
 @dataclass(frozen=True)
@@ -51,6 +53,7 @@ class StepOutcome:
     selected: int                 # this rank's count
     union_size: int | None        # size of the aggregated index set when known without extra work
     gathered_indices: Any         # every rank's indices, concatenated in rank order
+    own_indices: Any = None       # this rank's selection
 
 
 def check_density(density: Any) -> float:
@@ -96,7 +99,17 @@ class Algorithm:
         """Entries to send from a bucket of ``numel``: floor(density * numel), at least one."""
         return max(1, min(numel, int(self.density * numel)))
 
-    # --- selection ------------------------------------------------------------------------------
+    # --- accumulation and selection -------------------------------------------------------------
+    def accumulate(self, residual: Any, tensors: list, control: Any, ctx: StepContext) -> Any:
+        """The vector selection sees: gradient + residual (error feedback), built in the residual
+        buffer. Methods that transform the gradient first (DGC's momentum correction, clipping)
+        override this; whatever is not sent of the returned vector becomes the next residual."""
+        return ctx.backend.accumulate(residual, tensors)
+
+    def target_k(self, control: Any, ctx: StepContext) -> int:
+        """The count this bucket aims to send this step (the ``k`` statistic)."""
+        return self.k(ctx.numel)
+
     def select(self, acc: Any, control: Any, ctx: StepContext) -> Protocol:
         """Protocol returning this rank's indices (int64, non-empty). Default: no collective."""
         return finished(self.select_local(acc, control, ctx))

@@ -96,7 +96,7 @@ class Engine:
         if check_layout and not bucket.layout_checked and self.size > 1:
             yield from self._agree_on_layout(bucket, name)
         bucket.layout_checked = True
-        ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b)
+        ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b, name)
         if bucket.control is None:
             bucket.control = self.algorithm.init_control(ctx)
 
@@ -105,7 +105,7 @@ class Engine:
         # residual as it was.
         finite = self.nonfinite == "ignore" or b.tensors_finite(tensors)
         if finite:
-            acc = b.accumulate(bucket.residual, tensors)
+            acc = self.algorithm.accumulate(bucket.residual, tensors, bucket.control, ctx)
         else:
             acc = b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
             bucket.nonfinite_steps += 1
@@ -162,11 +162,12 @@ class Engine:
         if finite:
             bucket.residual = acc
 
+        target_k = self.algorithm.target_k(bucket.control, ctx)
         bucket.control = self.algorithm.observe(
-            bucket.control, StepOutcome(selected, union_size, all_idx), ctx)
+            bucket.control, StepOutcome(selected, union_size, all_idx, idx), ctx)
         bucket.step += 1
         bucket.stats = BucketStats(
-            step=bucket.step, numel=bucket.numel, k=self.algorithm.k(bucket.numel),
+            step=bucket.step, numel=bucket.numel, k=target_k,
             selected=selected, bytes_sent=bytes_sent, bytes_received=bytes_received,
             select_seconds=select_seconds, backend=b, residual=acc, union_size=union_size,
             gathered_indices=None if union_size is not None else all_idx,
@@ -307,5 +308,6 @@ class Engine:
         if same_world:
             residual = saved["residual"].astype(self.backend.dtype_name(bucket.residual))
             bucket.residual = self.backend.from_numpy(residual, like=like)
-        ctx = StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend)
+        ctx = StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend,
+                          f"{self.prefix}.{bucket.key}")
         bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)
