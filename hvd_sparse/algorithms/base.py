@@ -54,6 +54,7 @@ class StepOutcome:
     union_size: int | None        # size of the aggregated index set when known without extra work
     gathered_indices: Any         # every rank's indices, concatenated in rank order
     own_indices: Any = None       # this rank's selection
+    piggyback: Any = None         # the sum over ranks of what ``piggyback`` returned (NumPy)
 
 
 def check_density(density: Any) -> float:
@@ -116,6 +117,12 @@ class Algorithm:
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
         raise NotImplementedError
+
+    def piggyback(self, control: Any, ctx: StepContext) -> Any:
+        """A few floats (backend vector) this rank adds to the step's value allreduce (union and
+        shared patterns); ``observe`` receives their sum over ranks. Control data thus travels
+        without a collective of its own. Called after ``select``. Default: nothing."""
+        return None
 
     def fallback(self, control: Any, ctx: StepContext) -> Any:
         """The single index sent when the selection is empty (a collective must never be empty).

@@ -35,6 +35,10 @@ class Backend:
     def to_numpy(self, x: Array) -> np.ndarray:
         raise NotImplementedError
 
+    def copy(self, x: Array) -> Array:
+        """A new array with x's contents (on x's device)."""
+        raise NotImplementedError
+
     def flat(self, x: Array) -> Array:
         """1-D view (or reshape) of x."""
         raise NotImplementedError
@@ -90,6 +94,15 @@ class Backend:
 
     def indices_where_at_least(self, x: Array, threshold: float, offset: int = 0) -> Array:
         """int64 indices i (plus offset) with x[i] >= threshold, ascending."""
+        raise NotImplementedError
+
+    def count_at_least(self, x: Array, thresholds: list[float]) -> list[int]:
+        """How many entries of x are >= each threshold (one host synchronization)."""
+        raise NotImplementedError
+
+    def count_in_ranges(self, idx: Array, bounds: np.ndarray) -> np.ndarray:
+        """How many indices fall in each range [bounds[i], bounds[i+1]) (ascending bounds; every
+        index inside [bounds[0], bounds[-1])), as NumPy int64."""
         raise NotImplementedError
 
     def take(self, x: Array, idx: Array) -> Array:

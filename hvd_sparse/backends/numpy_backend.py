@@ -21,6 +21,9 @@ class NumpyBackend(Backend):
     def to_numpy(self, x):
         return np.asarray(x)
 
+    def copy(self, x):
+        return np.array(x, copy=True)
+
     def flat(self, x):
         return np.asarray(x).reshape(-1)
 
@@ -71,6 +74,13 @@ class NumpyBackend(Backend):
     def indices_where_at_least(self, x, threshold, offset=0):
         idx = np.flatnonzero(x >= threshold)
         return idx + offset if offset else idx
+
+    def count_at_least(self, x, thresholds):
+        return [int(np.count_nonzero(x >= t)) for t in thresholds]
+
+    def count_in_ranges(self, idx, bounds):
+        which = np.searchsorted(np.asarray(bounds)[1:-1], idx, side="right")
+        return np.bincount(which, minlength=len(bounds) - 1).astype(np.int64)
 
     def take(self, x, idx):
         return x[idx]

@@ -21,6 +21,9 @@ class TensorFlowBackend(Backend):
     def to_numpy(self, x):
         return x.numpy()
 
+    def copy(self, x):
+        return tf.identity(x)
+
     def flat(self, x):
         return tf.reshape(x, [-1])
 
@@ -70,6 +73,16 @@ class TensorFlowBackend(Backend):
     def indices_where_at_least(self, x, threshold, offset=0):
         idx = tf.reshape(tf.where(x >= tf.constant(threshold, dtype=x.dtype)), [-1])
         return idx + offset if offset else idx
+
+    def count_at_least(self, x, thresholds):
+        counts = [tf.reduce_sum(tf.cast(x >= tf.constant(t, dtype=x.dtype), tf.int64)) for t in thresholds]
+        return [int(c) for c in tf.stack(counts).numpy()]
+
+    def count_in_ranges(self, idx, bounds):
+        inner = tf.constant(np.asarray(bounds)[1:-1], dtype=tf.int64)
+        which = tf.searchsorted(inner, tf.cast(idx, tf.int64), side="right")
+        counts = tf.math.bincount(tf.cast(which, tf.int32), minlength=len(bounds) - 1, dtype=tf.int64)
+        return counts.numpy().astype(np.int64)
 
     def take(self, x, idx):
         return tf.gather(x, idx)

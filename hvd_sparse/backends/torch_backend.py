@@ -29,6 +29,9 @@ class TorchBackend(Backend):
     def to_numpy(self, x):
         return x.detach().cpu().numpy()
 
+    def copy(self, x):
+        return x.clone()
+
     def flat(self, x):
         return x.reshape(-1)
 
@@ -77,6 +80,14 @@ class TorchBackend(Backend):
     def indices_where_at_least(self, x, threshold, offset=0):
         idx = torch.nonzero(x >= threshold).reshape(-1)
         return idx + offset if offset else idx
+
+    def count_at_least(self, x, thresholds):
+        return [int(c) for c in torch.stack([(x >= t).sum() for t in thresholds]).tolist()]
+
+    def count_in_ranges(self, idx, bounds):
+        inner = torch.as_tensor(np.asarray(bounds)[1:-1], dtype=torch.int64, device=idx.device)
+        which = torch.bucketize(idx.long(), inner, right=True)
+        return torch.bincount(which, minlength=len(bounds) - 1).cpu().numpy().astype(np.int64)
 
     def take(self, x, idx):
         return x[idx]

@@ -1,6 +1,16 @@
 """Communication: the protocol vocabulary and the drivers that execute it."""
 
-from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective, Phase, Protocol, finished, run_blocking
+from .protocol import (
+    ALLGATHER,
+    ALLREDUCE,
+    BROADCAST,
+    NEIGHBOURS,
+    Collective,
+    Phase,
+    Protocol,
+    finished,
+    run_blocking,
+)
 
-__all__ = ["ALLGATHER", "ALLREDUCE", "BROADCAST", "Collective", "Phase", "Protocol", "finished",
-           "run_blocking"]
+__all__ = ["ALLGATHER", "ALLREDUCE", "BROADCAST", "NEIGHBOURS", "Collective", "Phase", "Protocol",
+           "finished", "run_blocking"]

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective
+from .neighbours import mpi_exchange_for, neighbour_payload, neighbour_splits, split_neighbours
+from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective
 
 
 class HorovodTFComm:
@@ -27,6 +28,7 @@ class HorovodTFComm:
         self.process_set = process_set if process_set is not None else hvd.global_process_set
         self.rank = self.process_set.rank()
         self.size = self.process_set.size()
+        self._mpi = mpi_exchange_for(self.process_set is hvd.global_process_set, hvd.mpi_enabled())
 
     def graph_op(self, op: str, tensor: Any, name: str, root: int = 0) -> Any:
         hvd, ps = self._hvd, self.process_set
@@ -40,4 +42,21 @@ class HorovodTFComm:
         raise ValueError(f"unknown collective op {op!r}")
 
     def execute(self, phase: list[Collective]) -> list:
-        return [self.graph_op(c.op, c.tensor, c.name, c.root) for c in phase]
+        """Run a phase eagerly (inside a py_function), blocking."""
+        return [self._neighbours(c) if c.op == NEIGHBOURS else self.graph_op(c.op, c.tensor, c.name, c.root)
+                for c in phase]
+
+    def _neighbours(self, c: Collective) -> list:
+        import tensorflow as tf
+
+        payload = c.tensor.numpy()
+        if self._mpi is not None:
+            received = self._mpi.wait(self._mpi.start(payload, c.name))
+            return [tf.constant(x) for x in received]
+        splits = tf.constant(neighbour_splits(self.rank, self.size, len(payload)), dtype=tf.int32)
+        data = tf.constant(neighbour_payload(payload, self.rank, self.size))
+        received = self._hvd.alltoall(data, splits=splits, name=c.name, ignore_name_scope=True,
+                                      process_set=self.process_set)
+        if isinstance(received, (tuple, list)):
+            received = received[0]
+        return split_neighbours(received, self.rank, self.size, len(payload))

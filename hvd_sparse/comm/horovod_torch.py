@@ -11,7 +11,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective, Protocol
+from .neighbours import mpi_exchange_for, neighbour_payload, neighbour_splits, split_neighbours
+from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, Protocol
 
 
 class HorovodTorchComm:
@@ -19,24 +20,47 @@ class HorovodTorchComm:
 
     def __init__(self, process_set: Any = None):
         import horovod.torch as hvd
+        import torch
 
         self._hvd = hvd
+        self._torch = torch
         self.process_set = process_set if process_set is not None else hvd.global_process_set
         self.rank = self.process_set.rank()
         self.size = self.process_set.size()
+        self._mpi = mpi_exchange_for(self.process_set is hvd.global_process_set, hvd.mpi_enabled())
 
     def start(self, c: Collective) -> Any:
         hvd, ps = self._hvd, self.process_set
+        if c.op == NEIGHBOURS:
+            return self._start_neighbours(c)
         if c.op == ALLGATHER:
-            return hvd.allgather_async(c.tensor, name=c.name, process_set=ps)
+            return "horovod", hvd.allgather_async(c.tensor, name=c.name, process_set=ps)
         if c.op == ALLREDUCE:
-            return hvd.allreduce_async(c.tensor, name=c.name, op=hvd.Sum, process_set=ps)
+            return "horovod", hvd.allreduce_async(c.tensor, name=c.name, op=hvd.Sum, process_set=ps)
         if c.op == BROADCAST:
-            return hvd.broadcast_async(c.tensor, root_rank=c.root, name=c.name, process_set=ps)
+            return "horovod", hvd.broadcast_async(c.tensor, root_rank=c.root, name=c.name,
+                                                  process_set=ps)
         raise ValueError(f"unknown collective op {c.op!r}")
 
     def wait(self, handle: Any) -> Any:
-        return self._hvd.synchronize(handle)
+        kind, payload = handle
+        if kind == "mpi":
+            return [self._torch.from_numpy(x) for x in self._mpi.wait(payload)]
+        if kind == "alltoall":
+            handle, length = payload
+            received, _ = self._hvd.synchronize(handle)
+            return split_neighbours(received, self.rank, self.size, length)
+        return self._hvd.synchronize(payload)
+
+    def _start_neighbours(self, c: Collective) -> Any:
+        payload = c.tensor.cpu().numpy()
+        if self._mpi is not None:
+            return "mpi", self._mpi.start(payload, c.name)
+        torch = self._torch
+        splits = torch.tensor(neighbour_splits(self.rank, self.size, len(payload)), dtype=torch.int32)
+        data = torch.from_numpy(neighbour_payload(payload, self.rank, self.size))
+        handle = self._hvd.alltoall_async(data, splits=splits, name=c.name, process_set=self.process_set)
+        return "alltoall", (handle, len(payload))
 
 
 class AsyncProtocols:

@@ -14,7 +14,7 @@ import numpy as np
 
 from ..backends import Backend, get_backend
 from ..errors import RankMismatchError
-from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective, Protocol
+from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, Protocol
 
 
 class LocalGroup:
@@ -100,15 +100,20 @@ class LocalGroup:
                 raise RankMismatchError(f"{first.name}: {first.op} needs identical shapes, got {shapes}")
 
     def _collective(self, first: Collective, tensors: list) -> list:
+        """Every rank's result, each in a buffer of its own (as in a real job: a rank may write
+        into what it received)."""
         b = self.backend
         if first.op == ALLGATHER:
             gathered = b.concat(list(tensors)) if self.size > 1 else tensors[0]
-            return [gathered] * self.size
+            return [b.copy(gathered) for _ in range(self.size)]
         if first.op == ALLREDUCE:
             total = tensors[0]
             for t in tensors[1:]:
                 total = total + t
-            return [total] * self.size
+            return [b.copy(total) for _ in range(self.size)]
         if first.op == BROADCAST:
-            return [tensors[first.root]] * self.size
+            return [b.copy(tensors[first.root]) for _ in range(self.size)]
+        if first.op == NEIGHBOURS:
+            return [[b.copy(tensors[(r - 1) % self.size]), b.copy(tensors[(r + 1) % self.size])]
+                    for r in range(self.size)]
         raise ValueError(f"unknown collective op {first.op!r}")

@@ -19,6 +19,7 @@ from typing import Any
 ALLGATHER = "allgather"   # concatenation along dim 0, in rank order; lengths may differ per rank
 ALLREDUCE = "allreduce"   # elementwise sum; shapes must match on every rank
 BROADCAST = "broadcast"   # the root's tensor; shapes must match on every rank
+NEIGHBOURS = "neighbours"  # [tensor of rank r-1, tensor of rank r+1]; shapes must match
 
 
 @dataclass(frozen=True)

@@ -122,6 +122,8 @@ class Engine:
         selected = b.numel(idx)
         select_seconds = time.perf_counter() - started
         idx = b.cast(idx, bucket.index_dtype)
+        extra = self.algorithm.piggyback(bucket.control, ctx)
+        riders = None
 
         pattern = self.algorithm.pattern
         isz, vsz = _ITEMSIZE[bucket.index_dtype], _ITEMSIZE[bucket.value_dtype]
@@ -131,7 +133,7 @@ class Engine:
             all_idx, received = yield [Collective(ALLGATHER, f"{name}.idx", idx),
                                        Collective(ALLGATHER, f"{name}.val", values)]
             gathered = b.numel(all_idx)
-            out = b.scatter(bucket.numel, all_idx, b.cast(received, "float32"), like=acc)
+            out = b.scatter(bucket.numel, all_idx, self._average(received), like=acc)
             bytes_sent = selected * (isz + vsz)
             bytes_received = (gathered - selected) * (isz + vsz)
         elif pattern == UNION:
@@ -140,15 +142,17 @@ class Engine:
             union = self.algorithm.union_indices(all_idx, bucket.control, ctx)
             union_size = b.numel(union)
             values, acc = self._send(bucket, acc, union, poison)
-            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
-            out = b.scatter(bucket.numel, union, b.cast(received, "float32"), like=acc)
+            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", self._ride(values, extra))]
+            received, riders = self._unride(received, extra)
+            out = b.scatter(bucket.numel, union, self._average(received), like=acc)
             bytes_sent = selected * isz + union_size * vsz
             bytes_received = (gathered - selected) * isz + union_size * vsz
         elif pattern == SHARED:
             values, acc = self._send(bucket, acc, idx, poison)
-            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", values)]
+            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", self._ride(values, extra))]
+            received, riders = self._unride(received, extra)
             all_idx, union_size = idx, selected
-            out = b.scatter(bucket.numel, idx, b.cast(received, "float32"), like=acc)
+            out = b.scatter(bucket.numel, idx, self._average(received), like=acc)
             bytes_sent = bytes_received = selected * vsz
         else:  # pragma: no cover  (patterns are validated by Algorithm.__init__)
             raise ConfigurationError(f"unknown pattern {pattern!r}")
@@ -157,14 +161,12 @@ class Engine:
                 f"hvd_sparse: non-finite gradient in {key!r} at step {bucket.step} on at least one "
                 "rank (raised on every rank); pass nonfinite='skip' to drop such a rank's "
                 "contribution for the step instead")
-        if self.size > 1:
-            out = b.scale(out, 1.0 / self.size)
         if finite:
             bucket.residual = acc
 
         target_k = self.algorithm.target_k(bucket.control, ctx)
         bucket.control = self.algorithm.observe(
-            bucket.control, StepOutcome(selected, union_size, all_idx, idx), ctx)
+            bucket.control, StepOutcome(selected, union_size, all_idx, idx, riders), ctx)
         bucket.step += 1
         bucket.stats = BucketStats(
             step=bucket.step, numel=bucket.numel, k=target_k,
@@ -192,6 +194,25 @@ class Engine:
         if pattern == UNION:
             return [[idx], [(ALLREDUCE, f"{name}.val", val_dtype)]]
         return [[(ALLREDUCE, f"{name}.val", val_dtype)]]
+
+    def _average(self, received: Any) -> Any:
+        """Summed values as fp32, divided by N (on the k values, not on the dense vector)."""
+        values = self.backend.cast(received, "float32")
+        return self.backend.scale(values, 1.0 / self.size) if self.size > 1 else values
+
+    def _ride(self, values: Any, extra: Any) -> Any:
+        if extra is None:
+            return values
+        return self.backend.concat([values, self.backend.cast(extra, self.backend.dtype_name(values))])
+
+    def _unride(self, received: Any, extra: Any) -> tuple[Any, Any]:
+        """Split the allreduced values from the riders' sums (returned as NumPy)."""
+        if extra is None:
+            return received, None
+        b = self.backend
+        total, riders = b.numel(received), b.numel(extra)
+        summed = b.to_numpy(b.cast(b.slice(received, total - riders, total), "float64"))
+        return b.slice(received, 0, total - riders), summed
 
     def _send(self, bucket: Bucket, acc: Any, idx: Any, poison: bool) -> tuple[Any, Any]:
         """Values to send at idx, and the residual left behind (exact error feedback)."""

@@ -13,6 +13,8 @@ from ..faces import face_class
 from .compressor import SparseCompressor, with_model_grouping
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
+ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
@@ -24,4 +26,4 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
                                        **with_model_grouping(compression, kwargs))
 
 
-__all__ = ["DistributedGradientTape", "SparseCompressor", "TopK"]
+__all__ = ["DistributedGradientTape", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]

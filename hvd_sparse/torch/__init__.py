@@ -12,5 +12,7 @@ from ..faces import face_class
 from .compressor import SparseCompressor
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
+ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)
 
-__all__ = ["SparseCompressor", "TopK"]
+__all__ = ["ExDyna", "MiCRO", "SparseCompressor", "TopK"]

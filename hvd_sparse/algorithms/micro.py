@@ -1,0 +1,241 @@
+"""MiCRO (ALGORITHMS.md §3): exclusive, rotating partitions with an online-scaled threshold.
+
+The flat model vector is cut into N contiguous partitions; at step t rank r owns partition
+(t + r) mod N and sends every entry of its accumulated vector there with |a| >= λ (at least one:
+a fallback index when nothing passes). Partitions are disjoint, so the union of all selections is
+their concatenation: no gradient build-up, and each rank scans only n/N entries. Every rank then
+allreduces its own values on the whole union and clears its residual there (the union pattern).
+
+λ is identical on every rank because it is driven only by global facts (the previous union
+size). Paper mode (the authors' final code, commit 3e050e3): λ0 = 1/(2√k), then λ ← λ·s(K_prev/k)
+with s = 1.005 above a 1.1 band, 1.00125 inside (0.909, 1.1] -- the code's 0.9987 branch inside the
+band can never run (P2) -- and 0.995 below. Options, off in paper mode:
+
+* ``band="symmetric"``: inside the band, 1.00125 above target and 0.9987 below (what the dead
+  branch presumably meant).
+* ``threshold="tracking"``: a controller that holds the density at target after a short warm-up
+  even when gradients shrink fast. Every rank also counts its partition's entries at λ/c and λ·c;
+  the fractions ride on the step's existing value allreduce (no extra collective), so every rank
+  knows the global local slope α = -dlnK/dlnλ and takes the same damped Newton step in log space,
+  λ ← λ·(K/(k·b))^(0.5/α) clipped to [1/4, 4], with a slow outer loop on b that puts the mean
+  count, not its geometric mean, at k (see ``tracking_factor``).
+
+This module holds what MiCRO and ExDyna share (ExDyna = MiCRO + blocks + rebalancing, exdyna.py).
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from fractions import Fraction
+from typing import Any
+
+import numpy as np
+
+from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
+
+THRESHOLDS = ("paper", "tracking")
+BANDS = ("code", "symmetric")
+# The code's constants, kept exact (integer-safe comparisons: every rank decides identically).
+UPPER_BAND, LOWER_BAND = Fraction("1.1"), Fraction("0.909")
+RAISE, CREEP, LOWER, DEAD = 1.005, 1.00125, 0.995, 0.9987
+TRACKING_PROBE = math.sqrt(2.0)     # c: the extra counts are taken at λ/c and λ·c
+TRACKING_MAX_FACTOR = 4.0
+TRACKING_SLOPE = (0.5, 8.0)         # clip of the measured slope α
+TRACKING_GAIN = 0.5                 # fraction of the Newton step taken
+TRACKING_BIAS_RATE = 0.05           # speed of the outer loop on the mean count
+
+
+def initial_threshold(k: int) -> float:
+    """λ0 = 1/(2√k), the hard-threshold heuristic (ALGORITHMS.md §6.4)."""
+    return 1.0 / (2.0 * math.sqrt(k))
+
+
+def paper_factor(union: int, k: int, band: str = "code") -> float:
+    """The code's multiplicative step from the previous union size K and the target k."""
+    if union * UPPER_BAND.denominator > UPPER_BAND.numerator * k:        # K/k > 1.1
+        return RAISE
+    if union * LOWER_BAND.denominator > LOWER_BAND.numerator * k:        # 0.909 < K/k <= 1.1
+        if band == "symmetric" and union < k:
+            return DEAD
+        return CREEP
+    return LOWER                                                          # K/k <= 0.909
+
+
+def tracking_factor(union: int, k: int, below: float, above: float, bias: float) -> tuple[float, float]:
+    """One step of the tracking controller: (threshold factor, new bias).
+
+    ``below``/``above`` are the global fractions of entries at λ/c and λ·c, so
+    α = ln(below/above) / (2 ln c) is the local slope of the count curve and λ·(K/k)^(1/α) would
+    be a Newton step to the target. Error feedback makes counts bursty (lowering λ releases the
+    residual mass piled up just under it), so the step is damped (gain ``TRACKING_GAIN``), and a
+    slow outer loop on the linear error corrects ``bias`` so that the *mean* count, not the
+    geometric one, sits at k."""
+    slope = TRACKING_SLOPE[1]
+    if below > 0 and above > 0:
+        slope = math.log(below / above) / (2.0 * math.log(TRACKING_PROBE))
+    slope = min(max(slope, TRACKING_SLOPE[0]), TRACKING_SLOPE[1])
+    ratio = max(union, 1) / k
+    factor = (ratio / bias) ** (TRACKING_GAIN / slope)
+    bias *= math.exp(-TRACKING_BIAS_RATE * min(max(ratio - 1.0, -1.0), 1.0))
+    bias = min(max(bias, 1.0 / TRACKING_MAX_FACTOR), TRACKING_MAX_FACTOR)
+    return min(max(factor, 1.0 / TRACKING_MAX_FACTOR), TRACKING_MAX_FACTOR), bias
+
+
+def owned_partition(rank: int, step: int, size: int) -> int:
+    """Rank r owns partition (t + r) mod N at step t (P6)."""
+    return (step + rank) % size
+
+
+def owner_of(partition: int, step: int, size: int) -> int:
+    return (partition - step) % size
+
+
+def rank_counts(partition_counts: np.ndarray, step: int) -> np.ndarray:
+    """Per-rank counts from per-partition counts of the same step."""
+    size = len(partition_counts)
+    return np.array([partition_counts[owned_partition(r, step, size)] for r in range(size)],
+                    dtype=np.int64)
+
+
+def equal_chunks(n: int, size: int) -> np.ndarray:
+    """MiCRO's fixed partitions: N element chunks differing by at most one, as N+1 bounds."""
+    lengths = np.full(size, n // size, dtype=np.int64)
+    lengths[: n % size] += 1
+    return np.concatenate([[0], np.cumsum(lengths)])
+
+
+@dataclass
+class ExclusiveControl:
+    """Control state shared by every rank (identical everywhere)."""
+
+    k: int
+    threshold: float
+    bounds: np.ndarray | None             # N+1 element bounds of the partitions (None: not
+                                          # known on this rank, ExDyna's neighbour mode)
+    union_prev: int | None = None         # K of the previous step
+    counts_prev: np.ndarray | None = None  # per-partition counts of the previous step
+    moves: int = 0                        # boundaries moved by the last rebalance
+    last_step: int = 0                    # step the counts belong to
+    probes: Any = None                    # this step's local fractions at λ/c, λ·c (tracking)
+    bias: float = 1.0                     # tracking: outer-loop correction of the count target
+    layout: dict = field(default_factory=dict)   # ExDyna's block layout (empty for MiCRO)
+
+
+class MiCRO(Algorithm):
+    """MiCRO: exclusive rotating partitions, threshold selection, online threshold scaling.
+
+    Args:
+        density: target fraction of entries aggregated per step, in (0, 1].
+        threshold: "paper" (the code's multiplicative rule) or "tracking" (see module docstring).
+        band: "code" (paper mode, dead branch included) or "symmetric".
+    """
+
+    name = "micro"
+    patterns = (UNION,)
+    scopes = (MODEL,)
+    exclusive = True
+
+    def __init__(self, density: float = 0.001, *, threshold: str = "paper", band: str = "code"):
+        super().__init__(density)
+        self.threshold = check_choice("threshold", threshold, THRESHOLDS)
+        self.band = check_choice("band", band, BANDS)
+
+    # --- partitions (MiCRO: fixed equal chunks; ExDyna overrides) ------------------------------
+    def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray:
+        return equal_chunks(ctx.numel, ctx.size)
+
+    def rebalance(self, control: ExclusiveControl, ctx: StepContext) -> None:
+        """Move partition boundaries before the step (ExDyna); MiCRO's are fixed."""
+
+    def own_range(self, control: ExclusiveControl, ctx: StepContext) -> tuple[int, int]:
+        p = owned_partition(ctx.rank, ctx.step, ctx.size)
+        return int(control.bounds[p]), int(control.bounds[p + 1])
+
+    # --- the step ---------------------------------------------------------------------------------
+    def init_control(self, ctx: StepContext) -> ExclusiveControl:
+        k = self.k(ctx.numel)
+        control = ExclusiveControl(k=k, threshold=initial_threshold(k), bounds=np.zeros(0))
+        control.bounds = self.initial_bounds(control, ctx)
+        return control
+
+    def select_local(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Any:
+        if ctx.step > 0 and control.union_prev is not None:
+            self.rebalance(control, ctx)
+        b = ctx.backend
+        lo, hi = self.own_range(control, ctx)
+        magnitude = b.abs(b.slice(acc, lo, hi))
+        if self.threshold == "tracking":
+            counts = b.count_at_least(magnitude, [control.threshold / TRACKING_PROBE,
+                                                   control.threshold * TRACKING_PROBE])
+            control.probes = np.asarray(counts, dtype=np.float64) / ctx.numel
+        return b.indices_where_at_least(magnitude, control.threshold, offset=lo)
+
+    def fallback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
+        """One index inside the own partition, rotating with the step (so never a duplicate)."""
+        lo, hi = self.own_range(control, ctx)
+        index = lo + ctx.step % (hi - lo)
+        return ctx.backend.arange(index, index + 1)
+
+    def piggyback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
+        if self.threshold != "tracking":
+            return None
+        return ctx.backend.from_numpy(control.probes.astype(np.float32))
+
+    def partition_counts(self, control: ExclusiveControl, outcome: StepOutcome,
+                         ctx: StepContext) -> np.ndarray | None:
+        """Per-partition counts of the step, read off the gathered indices (no message)."""
+        return ctx.backend.count_in_ranges(outcome.gathered_indices, control.bounds)
+
+    def observe(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext) -> Any:
+        union = int(outcome.union_size)
+        control.counts_prev = self.partition_counts(control, outcome, ctx)
+        control.last_step = ctx.step
+        if self.threshold == "tracking" and outcome.piggyback is not None:
+            below, above = (float(x) for x in outcome.piggyback)
+            factor, control.bias = tracking_factor(union, control.k, below, above, control.bias)
+            control.threshold *= factor
+        else:
+            control.threshold *= paper_factor(union, control.k, self.band)
+        control.union_prev = union
+        return control
+
+    # --- statistics and checkpoints ---------------------------------------------------------------
+    def control_stats(self, control: ExclusiveControl) -> dict:
+        out = {"threshold": control.threshold, "rebalance_moves": control.moves,
+               "partition": None if control.bounds is None else control.bounds.tolist()}
+        if control.counts_prev is not None:
+            counts = rank_counts(control.counts_prev, control.last_step)
+            out.update(counts=counts.tolist(), imbalance=imbalance(counts))
+        return out
+
+    def control_state(self, control: ExclusiveControl) -> dict:
+        return {"k": control.k, "threshold": control.threshold, "bias": control.bias,
+                "bounds": None if control.bounds is None else control.bounds.tolist(),
+                "union_prev": control.union_prev,
+                "counts_prev": None if control.counts_prev is None else control.counts_prev.tolist(),
+                "layout": dict(control.layout)}
+
+    def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> ExclusiveControl:
+        control = self.init_control(ctx)
+        control.threshold = float(state["threshold"])
+        control.bias = float(state.get("bias", 1.0))
+        control.union_prev = state["union_prev"]
+        if saved_size == ctx.size:
+            if state["bounds"] is not None:
+                control.bounds = np.asarray(state["bounds"], dtype=np.int64)
+            control.layout = dict(state["layout"])
+            if state["counts_prev"] is not None:
+                control.counts_prev = np.asarray(state["counts_prev"], dtype=np.int64)
+        else:
+            warnings.warn(f"hvd_sparse: {type(self).__name__} partitions rebuilt for {ctx.size} ranks "
+                          f"(checkpoint from {saved_size}); the threshold carries over", stacklevel=2)
+            control.union_prev = None
+        return control
+
+
+def imbalance(counts: np.ndarray) -> float:
+    """Padding waste of a padded index allgather: N·max(c) / Σc − 1 (ALGORITHMS.md §1.3)."""
+    total = int(np.sum(counts))
+    return len(counts) * int(np.max(counts)) / total - 1.0 if total else 0.0
