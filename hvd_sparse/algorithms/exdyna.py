@@ -157,21 +157,19 @@ class ExDyna(MiCRO):
                  num_blocks: int | str = PAPER_BLOCKS, threshold: str = "paper", band: str = "code",
                  over_band: str | float = "1.05", under_band: str | float = "0.95238"):
         super().__init__(density, threshold=threshold, band=band)
-        self.rebalance_mode = check_choice("rebalance", rebalance, REBALANCE_MODES)
+        self.rebalance = check_choice("rebalance", rebalance, REBALANCE_MODES)
         if not (num_blocks == "auto" or (isinstance(num_blocks, int) and num_blocks >= 1)):
             raise ConfigurationError(f"num_blocks must be a positive int or 'auto', got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self.over_band = Fraction(str(over_band))
-        self.under_band = Fraction(str(under_band))
-        if not self.under_band < 1 < self.over_band:
+        self.over_band, self.under_band = str(over_band), str(under_band)
+        self._over, self._under = Fraction(self.over_band), Fraction(self.under_band)
+        if not self._under < 1 < self._over:
             raise ConfigurationError(
-                f"need under_band < 1 < over_band, got {self.under_band} and {self.over_band}")
-        self.select_collectives = rebalance == "neighbour"
+                f"need under_band < 1 < over_band, got {under_band} and {over_band}")
 
-    def describe(self) -> dict:
-        out = super().describe()
-        out.update(over_band=str(self.over_band), under_band=str(self.under_band))
-        return out
+    @property
+    def select_collectives(self) -> bool:  # type: ignore[override]
+        return self.rebalance == "neighbour"
 
     # --- partitions ---------------------------------------------------------------------------------
     def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray | None:
@@ -186,7 +184,7 @@ class ExDyna(MiCRO):
         num_blocks, block, tail = block_layout(ctx.numel, ctx.size, requested)
         blocks = initial_blocks(num_blocks, ctx.size)
         control.layout = {"num_blocks": num_blocks, "block": block, "tail": tail}
-        if self.rebalance_mode == "neighbour":
+        if self.rebalance == "neighbour":
             # Each rank knows only the partition it owns: (first block, blocks), and its count.
             control.layout["own"] = [sum(blocks[:ctx.rank]), blocks[ctx.rank]]
             return None
@@ -201,13 +199,13 @@ class ExDyna(MiCRO):
         last = owned_partition(ctx.rank, ctx.step, ctx.size) == ctx.size - 1
         return first * block, ctx.numel if last else (first + blocks) * block
 
-    def rebalance(self, control: ExclusiveControl, ctx: StepContext) -> None:
-        if self.rebalance_mode != "exact":
+    def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
+        if self.rebalance != "exact":
             return
         layout = control.layout
         layout["blocks"], control.moves = sweep(
             layout["blocks"], control.counts_prev.tolist(), control.union_prev, ctx.numel,
-            layout["block"], layout["num_blocks"], self.over_band, self.under_band)
+            layout["block"], layout["num_blocks"], self._over, self._under)
         control.bounds = block_bounds(layout["blocks"], layout["block"], ctx.numel)
 
     def partition_counts(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext):
@@ -218,7 +216,7 @@ class ExDyna(MiCRO):
 
     # --- neighbour mode: the exchange runs inside the step's protocol --------------------------------
     def select(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Protocol:
-        if self.rebalance_mode == "neighbour" and ctx.step > 0 and control.union_prev is not None:
+        if self.rebalance == "neighbour" and ctx.step > 0 and control.union_prev is not None:
             yield from self._neighbour_rebalance(control, ctx)
         return self.select_local(acc, control, ctx)
 
@@ -236,7 +234,7 @@ class ExDyna(MiCRO):
         right_info = tuple(int(x) for x in b.to_numpy(right)) if previous < size - 1 else None
         first, blocks, moved = neighbour_update(
             previous, ctx.step - 1, first, blocks, count, left_info, right_info,
-            control.union_prev, layout["num_blocks"], size, self.over_band, self.under_band)
+            control.union_prev, layout["num_blocks"], size, self._over, self._under)
         mine = b.from_numpy(np.array([first, blocks, moved], dtype=np.int64))
         ((_, from_right),) = yield [Collective(NEIGHBOURS, f"{ctx.name}.handoff", mine)]
         first, blocks, _ = (int(x) for x in b.to_numpy(from_right))

@@ -118,6 +118,8 @@ class ExclusiveControl:
     counts_prev: np.ndarray | None = None  # per-partition counts of the previous step
     moves: int = 0                        # boundaries moved by the last rebalance
     last_step: int = 0                    # step the counts belong to
+    own: tuple[int, int] = (0, 0)         # this rank's element range in the last step
+    used_threshold: float = 0.0           # the threshold the last step selected with
     probes: Any = None                    # this step's local fractions at λ/c, λ·c (tracking)
     bias: float = 1.0                     # tracking: outer-loop correction of the count target
     layout: dict = field(default_factory=dict)   # ExDyna's block layout (empty for MiCRO)
@@ -146,7 +148,7 @@ class MiCRO(Algorithm):
     def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray:
         return equal_chunks(ctx.numel, ctx.size)
 
-    def rebalance(self, control: ExclusiveControl, ctx: StepContext) -> None:
+    def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
         """Move partition boundaries before the step (ExDyna); MiCRO's are fixed."""
 
     def own_range(self, control: ExclusiveControl, ctx: StepContext) -> tuple[int, int]:
@@ -162,9 +164,11 @@ class MiCRO(Algorithm):
 
     def select_local(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Any:
         if ctx.step > 0 and control.union_prev is not None:
-            self.rebalance(control, ctx)
+            self.rebalance_partitions(control, ctx)
         b = ctx.backend
         lo, hi = self.own_range(control, ctx)
+        control.own = (lo, hi)
+        control.used_threshold = control.threshold
         magnitude = b.abs(b.slice(acc, lo, hi))
         if self.threshold == "tracking":
             counts = b.count_at_least(magnitude, [control.threshold / TRACKING_PROBE,
@@ -203,8 +207,10 @@ class MiCRO(Algorithm):
 
     # --- statistics and checkpoints ---------------------------------------------------------------
     def control_stats(self, control: ExclusiveControl) -> dict:
-        out = {"threshold": control.threshold, "rebalance_moves": control.moves,
-               "partition": None if control.bounds is None else control.bounds.tolist()}
+        out = {"threshold": control.used_threshold, "next_threshold": control.threshold,
+               "rebalance_moves": control.moves,
+               "partition": None if control.bounds is None else control.bounds.tolist(),
+               "own_partition": list(control.own)}
         if control.counts_prev is not None:
             counts = rank_counts(control.counts_prev, control.last_step)
             out.update(counts=counts.tolist(), imbalance=imbalance(counts))
