@@ -25,6 +25,8 @@ def job_env() -> dict:
         "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1",
         "PYTHONPATH": os.pathsep.join([str(WORKERS), str(REPO), env.get("PYTHONPATH", "")]),
         "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
+        # Ranks outnumber cores: let Open MPI yield instead of busy-polling.
+        "OMPI_MCA_mpi_yield_when_idle": "1",
         # Fail fast instead of waiting for the 60 s stall warning if a rank hangs.
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "20",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "40",

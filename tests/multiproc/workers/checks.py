@@ -7,6 +7,7 @@ the expected values come from tests/reference.py, an implementation independent 
 
 from __future__ import annotations
 
+import itertools
 import os
 import sys
 
@@ -45,3 +46,32 @@ def check_identical(rows: np.ndarray, label: str) -> None:
     """rows: (N, ...) one row per rank; every rank must hold bit-identical values."""
     for r in range(1, rows.shape[0]):
         np.testing.assert_array_equal(rows[r], rows[0], err_msg=f"{label}: rank {r} differs from rank 0")
+
+
+def check_exclusive_step(rank: int, accs: np.ndarray, views: np.ndarray, applied: np.ndarray,
+                         new_residual: np.ndarray, step: int, label: str) -> int:
+    """MiCRO/ExDyna: ``views`` is (N, 3), every rank's [lo, hi, threshold] of the step. Re-derives
+    every rank's selection (|acc| >= λ inside its own partition, else one rotating fallback),
+    checks that the ranges tile the vector, the applied average on the union and exact error
+    feedback. Returns the union size."""
+    size, n = accs.shape
+    ranges = sorted((int(lo), int(hi)) for lo, hi, _ in views)
+    assert ranges[0][0] == 0 and ranges[-1][1] == n, f"{label}: ranges {ranges} do not cover [0, {n})"
+    assert all(a[1] == b[0] for a, b in itertools.pairwise(ranges)), f"{label}: ranges {ranges} overlap"
+    assert len({float(t) for t in views[:, 2]}) == 1, f"{label}: thresholds differ {views[:, 2]}"
+    selections = []
+    for r in range(size):
+        lo, hi, threshold = int(views[r, 0]), int(views[r, 1]), float(views[r, 2])
+        picked = lo + np.flatnonzero(np.abs(accs[r, lo:hi]) >= threshold)
+        selections.append(picked if picked.size else np.array([lo + step % (hi - lo)]))
+    union = np.concatenate(selections)
+    assert np.unique(union).size == union.size, f"{label}: selections overlap"
+    expected = np.zeros(n, dtype=np.float64)
+    expected[union] = accs[:, union].astype(np.float64).sum(axis=0) / size
+    scale = float(np.abs(accs).max()) + 1e-30
+    np.testing.assert_allclose(applied, expected, rtol=1e-5, atol=2e-6 * scale,
+                               err_msg=f"{label}: applied gradient differs from the reference")
+    residual = accs[rank].copy()
+    residual[union] = 0
+    np.testing.assert_array_equal(new_residual, residual, err_msg=f"{label}: residual differs")
+    return union.size
