@@ -45,6 +45,7 @@ TRACKING_MAX_FACTOR = 4.0
 TRACKING_SLOPE = (0.5, 8.0)         # clip of the measured slope α
 TRACKING_GAIN = 0.5                 # fraction of the Newton step taken
 TRACKING_BIAS_RATE = 0.05           # speed of the outer loop on the mean count
+TRACKING_SAMPLE = 8                 # probes read 1/8 of the partition on large models
 
 
 def initial_threshold(k: int) -> float:
@@ -171,8 +172,11 @@ class MiCRO(Algorithm):
         control.used_threshold = control.threshold
         magnitude = b.abs(b.slice(acc, lo, hi))
         if self.threshold == "tracking":
+            # The probes only feed a slope estimate: from 1/8 of the partition once the expected
+            # local count is large enough for the sample to hold hundreds of entries.
+            every = TRACKING_SAMPLE if control.k >= 1024 * ctx.size else 1
             counts = b.count_at_least(magnitude, [control.threshold / TRACKING_PROBE,
-                                                   control.threshold * TRACKING_PROBE])
+                                                   control.threshold * TRACKING_PROBE], every)
             control.probes = np.asarray(counts, dtype=np.float64) / ctx.numel
         return b.indices_where_at_least(magnitude, control.threshold, offset=lo)
 

@@ -96,8 +96,10 @@ class Backend:
         """int64 indices i (plus offset) with x[i] >= threshold, ascending."""
         raise NotImplementedError
 
-    def count_at_least(self, x: Array, thresholds: list[float]) -> list[int]:
-        """How many entries of x are >= each threshold (one host synchronization)."""
+    def count_at_least(self, x: Array, thresholds: list[float], every: int = 1) -> list[float]:
+        """How many entries of x are >= each threshold (one host synchronization). With
+        ``every`` > 1, an estimate from 1/every of x read as 64 evenly spaced contiguous runs (so
+        only that share of memory is touched), scaled back to the whole."""
         raise NotImplementedError
 
     def count_in_ranges(self, idx: Array, bounds: np.ndarray) -> np.ndarray:
@@ -135,6 +137,13 @@ class Backend:
         flat = self.concat([self.cast(self.flat(t), self.dtype_name(residual)) for t in tensors])
         return self.add(residual, flat)
 
+    def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool) -> list[Array]:
+        """The dense vector holding ``values`` at flat ``idx`` (summed where ``unique`` is False),
+        cut into tensors shaped like ``tensors``; backends with mutable arrays write it into
+        ``tensors`` themselves (zeroing them first) instead of allocating a dense vector."""
+        n = sum(self.numel(t) for t in tensors)
+        return self.split_like(self.scatter(n, idx, values), tensors)
+
     def split_like(self, flat: Array, tensors: list[Array]) -> list[Array]:
         """Cut a flat vector back into tensors with the shapes and dtypes of ``tensors``."""
         out, offset = [], 0
@@ -144,6 +153,18 @@ class Backend:
             out.append(self.cast(piece, self.dtype_name(t)))
             offset += n
         return out
+
+
+SAMPLE_RUNS = 64
+
+
+def sample_shape(length: int, every: int) -> tuple[int, int] | None:
+    """(rows, row length) of a view whose every ``every``-th row is sampled, or None when x is too
+    short to sample (then it is counted whole)."""
+    rows = SAMPLE_RUNS * every
+    if every <= 1 or length < rows * 16:
+        return None
+    return rows, length // rows
 
 
 def index_dtype_for(n: int) -> str:

@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .base import Backend
+from .base import Backend, sample_shape
 
 
 class NumpyBackend(Backend):
@@ -75,8 +75,13 @@ class NumpyBackend(Backend):
         idx = np.flatnonzero(x >= threshold)
         return idx + offset if offset else idx
 
-    def count_at_least(self, x, thresholds):
-        return [int(np.count_nonzero(x >= t)) for t in thresholds]
+    def count_at_least(self, x, thresholds, every=1):
+        shape = sample_shape(x.size, every)
+        if shape is None:
+            return [float(np.count_nonzero(x >= t)) for t in thresholds]
+        rows, length = shape
+        sample = x[: rows * length].reshape(rows, length)[::every]
+        return [float(np.count_nonzero(sample >= t)) * x.size / sample.size for t in thresholds]
 
     def count_in_ranges(self, idx, bounds):
         which = np.searchsorted(np.asarray(bounds)[1:-1], idx, side="right")
@@ -111,3 +116,17 @@ class NumpyBackend(Backend):
             residual[offset:offset + n] += t.reshape(-1)
             offset += n
         return residual
+
+    def scatter_into(self, tensors, idx, values, unique):
+        if not unique:
+            idx, inverse = np.unique(idx, return_inverse=True)
+            values = np.bincount(inverse, weights=values, minlength=idx.size).astype(values.dtype)
+        order = np.argsort(idx, kind="stable")
+        idx, values = idx[order], values[order]
+        offsets = np.cumsum([0] + [t.size for t in tensors])
+        cuts = np.searchsorted(idx, offsets)
+        for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
+            flat = t.reshape(-1)
+            flat[:] = 0
+            flat[idx[lo:hi] - offset] = values[lo:hi]
+        return list(tensors)

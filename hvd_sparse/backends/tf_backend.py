@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from .base import Backend
+from .base import Backend, sample_shape
 
 
 class TensorFlowBackend(Backend):
@@ -74,9 +74,13 @@ class TensorFlowBackend(Backend):
         idx = tf.reshape(tf.where(x >= tf.constant(threshold, dtype=x.dtype)), [-1])
         return idx + offset if offset else idx
 
-    def count_at_least(self, x, thresholds):
-        counts = [tf.reduce_sum(tf.cast(x >= tf.constant(t, dtype=x.dtype), tf.int64)) for t in thresholds]
-        return [int(c) for c in tf.stack(counts).numpy()]
+    def count_at_least(self, x, thresholds, every=1):
+        n = int(tf.size(x))
+        shape = sample_shape(n, every)
+        sample = x if shape is None else tf.reshape(x[: shape[0] * shape[1]], shape)[::every]
+        size = int(tf.size(sample))
+        counts = [tf.math.count_nonzero(sample >= tf.constant(t, dtype=x.dtype)) for t in thresholds]
+        return [float(c) * n / size for c in tf.stack(counts).numpy()]
 
     def count_in_ranges(self, idx, bounds):
         inner = tf.constant(np.asarray(bounds)[1:-1], dtype=tf.int64)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Backend
+from .base import Backend, sample_shape
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -78,11 +78,21 @@ class TorchBackend(Backend):
         return torch.topk(x, k, sorted=False).indices
 
     def indices_where_at_least(self, x, threshold, offset=0):
-        idx = torch.nonzero(x >= threshold).reshape(-1)
+        if x.device.type == "cpu":   # NumPy's SIMD compare and flatnonzero are ~4x faster here
+            idx = torch.from_numpy(np.flatnonzero(x.detach().numpy() >= threshold))
+        else:
+            idx = torch.nonzero(x >= threshold).reshape(-1)
         return idx + offset if offset else idx
 
-    def count_at_least(self, x, thresholds):
-        return [int(c) for c in torch.stack([(x >= t).sum() for t in thresholds]).tolist()]
+    def count_at_least(self, x, thresholds, every=1):
+        shape = sample_shape(x.numel(), every)
+        sample = x if shape is None else x[: shape[0] * shape[1]].view(shape)[::every]
+        if x.device.type == "cpu":
+            view = sample.detach().numpy()
+            counts = [int(np.count_nonzero(view >= t)) for t in thresholds]
+        else:
+            counts = torch.stack([torch.count_nonzero(sample >= t) for t in thresholds]).tolist()
+        return [float(c) * x.numel() / sample.numel() for c in counts]
 
     def count_in_ranges(self, idx, bounds):
         inner = torch.as_tensor(np.asarray(bounds)[1:-1], dtype=torch.int64, device=idx.device)
@@ -115,3 +125,23 @@ class TorchBackend(Backend):
             residual[offset:offset + n].add_(t.reshape(-1))
             offset += n
         return residual
+
+    def scatter_into(self, tensors, idx, values, unique):
+        if not all(t.is_contiguous() for t in tensors):   # no flat view to write through
+            return super().scatter_into(tensors, idx, values, unique)
+        idx = idx.long()
+        if not unique:  # sum duplicates in fp32 before any cast to the gradients' dtype
+            idx, inverse = torch.unique(idx, return_inverse=True)
+            values = torch.zeros(idx.numel(), dtype=values.dtype, device=values.device).index_add_(
+                0, inverse, values)
+        if len(tensors) > 1:
+            idx, order = torch.sort(idx)
+            values = values[order]
+        offsets = np.cumsum([0] + [t.numel() for t in tensors]).tolist()
+        cuts = torch.searchsorted(idx, torch.tensor(offsets, device=idx.device)).tolist()
+        for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
+            flat = t.view(-1)
+            flat.zero_()
+            if hi > lo:
+                flat.index_put_((idx[lo:hi] - offset,), values[lo:hi].to(t.dtype))
+        return list(tensors)

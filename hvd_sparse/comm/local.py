@@ -8,6 +8,7 @@ it raises ``RankMismatchError`` naming the ranks and collectives.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import numpy as np
@@ -25,6 +26,7 @@ class LocalGroup:
             raise ValueError(f"a group needs at least one rank, got size={size}")
         self.size = size
         self.backend = get_backend(backend) if isinstance(backend, str) else backend
+        self.seconds = [0.0] * size   # time each rank spent in its own protocol (not collectives)
 
     def run(self, protocols: list[Protocol]) -> list[Any]:
         """Run one protocol per rank to completion; return each rank's result.
@@ -53,15 +55,17 @@ class LocalGroup:
             raise first
         return results
 
-    @staticmethod
-    def _advance(protocol: Protocol, sent: list | None, rank: int, results: list,
+    def _advance(self, protocol: Protocol, sent: list | None, rank: int, results: list,
                  errors: dict) -> list | None:
+        started = time.perf_counter()
         try:
             return next(protocol) if sent is None else protocol.send(sent)
         except StopIteration as done:
             results[rank] = done.value
         except Exception as error:  # reported per rank by run()
             errors[rank] = error
+        finally:
+            self.seconds[rank] += time.perf_counter() - started
         return None
 
     def _execute(self, phases: list[list[Collective] | None]) -> list[list]:

@@ -72,10 +72,13 @@ class Engine:
     """Per-rank state of every bucket, and the step protocol (see module docstring)."""
 
     def __init__(self, algorithm: Algorithm, backend: Backend, rank: int, size: int,
-                 prefix: str = "hvd_sparse", nonfinite: str = "skip"):
+                 prefix: str = "hvd_sparse", nonfinite: str = "skip", write_into_inputs: bool = False):
         if not 0 <= rank < size:
             raise ValueError(f"rank {rank} outside a world of size {size}")
         self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
+        # The averaged gradient may overwrite the input tensors (their content is in the residual
+        # by then): no dense allocation per step. Only for callers that own the inputs.
+        self.write_into_inputs = write_into_inputs
         self.algorithm = algorithm
         self.backend = backend
         self.rank = rank
@@ -88,8 +91,9 @@ class Engine:
     # --- the step ------------------------------------------------------------------------------
     def step(self, key: str, tensors: list[Any], check_layout: bool = True) -> Protocol:
         """Protocol of one step of bucket ``key``; returns the averaged tensors, shaped like
-        ``tensors``. With ``check_layout`` the first step also checks that every rank's bucket has
-        the same shapes (one tiny allgather), so a model that differs across ranks fails loudly."""
+        ``tensors`` (the same tensor objects, overwritten, with ``write_into_inputs``). With
+        ``check_layout`` the first step also checks that every rank's bucket has the same shapes
+        (one tiny allgather), so a model that differs across ranks fails loudly."""
         b = self.backend
         bucket = self._bucket(key, tensors)
         name = f"{self.prefix}.{key}"
@@ -133,7 +137,7 @@ class Engine:
             all_idx, received = yield [Collective(ALLGATHER, f"{name}.idx", idx),
                                        Collective(ALLGATHER, f"{name}.val", values)]
             gathered = b.numel(all_idx)
-            out = b.scatter(bucket.numel, all_idx, self._average(received), like=acc)
+            result = (all_idx, self._average(received), False)
             bytes_sent = selected * (isz + vsz)
             bytes_received = (gathered - selected) * (isz + vsz)
         elif pattern == UNION:
@@ -144,7 +148,7 @@ class Engine:
             values, acc = self._send(bucket, acc, union, poison)
             (received,) = yield [Collective(ALLREDUCE, f"{name}.val", self._ride(values, extra))]
             received, riders = self._unride(received, extra)
-            out = b.scatter(bucket.numel, union, self._average(received), like=acc)
+            result = (union, self._average(received), True)
             bytes_sent = selected * isz + union_size * vsz
             bytes_received = (gathered - selected) * isz + union_size * vsz
         elif pattern == SHARED:
@@ -152,7 +156,7 @@ class Engine:
             (received,) = yield [Collective(ALLREDUCE, f"{name}.val", self._ride(values, extra))]
             received, riders = self._unride(received, extra)
             all_idx, union_size = idx, selected
-            out = b.scatter(bucket.numel, idx, self._average(received), like=acc)
+            result = (idx, self._average(received), True)
             bytes_sent = bytes_received = selected * vsz
         else:  # pragma: no cover  (patterns are validated by Algorithm.__init__)
             raise ConfigurationError(f"unknown pattern {pattern!r}")
@@ -175,7 +179,9 @@ class Engine:
             gathered_indices=None if union_size is not None else all_idx,
             nonfinite_steps=bucket.nonfinite_steps,
             extra=self.algorithm.control_stats(bucket.control))
-        return b.split_like(out, tensors)
+        if self.write_into_inputs:
+            return b.scatter_into(tensors, *result)
+        return b.split_like(b.scatter(bucket.numel, result[0], result[1], like=acc), tensors)
 
     def schedule(self, key: str, numel: int, dtypes: tuple[str, ...]) -> list[list[tuple[str, str, str]]]:
         """The phases ``step(..., check_layout=False)`` will yield for a bucket, as

@@ -38,7 +38,8 @@ def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: f
     job = TASKS[task](batch_size=batch_size, seed=seed)
     model = job.model
     backend = get_backend("torch")
-    engines = [Engine(algorithm, backend, rank, world_size) for rank in range(world_size)]
+    engines = [Engine(algorithm, backend, rank, world_size, write_into_inputs=True)
+               for rank in range(world_size)]
     group = LocalGroup(world_size, backend)
     named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
     plan = algorithm.plan([name for name, _ in named], [p.numel() for _, p in named])

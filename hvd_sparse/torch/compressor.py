@@ -121,8 +121,10 @@ class SparseCompressor(Compressor):
     def _ensure_engine(self) -> tuple[Engine, AsyncProtocols]:
         if self._engine is None:
             comm = HorovodTorchComm(self.process_set)
+            # Horovod hands over each p.grad and replaces it with what decompress returns, so the
+            # average can be written into the gradient tensors themselves.
             self._engine = Engine(self.algorithm, get_backend("torch"), comm.rank, comm.size,
-                                  self.prefix, self.nonfinite)
+                                  self.prefix, self.nonfinite, write_into_inputs=True)
             self._protocols = AsyncProtocols(comm)
         return self._engine, self._protocols  # type: ignore[return-value]
 

@@ -45,6 +45,10 @@ def test_bulk_ops_match_numpy(backend):
         sorted(ref.topk_indices(np.abs(x), 17))
     assert backend.sum_of_squares(t) == pytest.approx(ref.sum_of_squares(x))
     assert backend.count_at_least(t, [0.5, 2.0]) == ref.count_at_least(x, [0.5, 2.0])
+    big = rng.standard_normal(200_000).astype(np.float32)
+    sampled = backend.count_at_least(backend.from_numpy(big), [1.0, 3.0], every=8)
+    assert sampled == pytest.approx(ref.count_at_least(big, [1.0, 3.0], every=8))
+    assert sampled[0] == pytest.approx(np.count_nonzero(big >= 1.0), rel=0.05)
     bounds = np.array([0, 100, 101, 640, 1000])
     spread = np.array([5, 99, 100, 100, 639, 640, 999, 0], dtype=np.int64)
     assert backend.count_in_ranges(backend.from_numpy(spread), bounds).tolist() == [3, 2, 1, 2]
@@ -85,3 +89,29 @@ def test_engine_is_identical_on_every_backend(backend):
                 np.testing.assert_allclose(ta, tb, rtol=1e-6, atol=1e-7)
     for a, b in zip(expected_residuals, got_residuals, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("name", ["numpy", "torch"])
+@pytest.mark.parametrize("pattern", ["gather", "union"])
+def test_writing_into_the_inputs_gives_the_same_average(name, pattern):
+    pytest.importorskip(name)
+    b = get_backend(name)
+    rng = np.random.default_rng(2)
+    shapes, dtype = [(6, 5), (7,), (3, 2, 2)], np.float16
+    batches = [[[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(3)] for _ in range(3)]
+    results = []
+    for in_place in (False, True):
+        algorithm = TopK(0.2, pattern=pattern, scope="model")
+        engines = [Engine(algorithm, b, r, 3, write_into_inputs=in_place) for r in range(3)]
+        outs = []
+        for grads in batches:
+            inputs = [[b.from_numpy(g.copy()) for g in grads[r]] for r in range(3)]
+            step = LocalGroup(3, b).run([e.step("model", inputs[r]) for r, e in enumerate(engines)])
+            if in_place:
+                assert all(o is i for o, i in zip(step[0], inputs[0], strict=True))
+            outs.append([b.to_numpy(t).copy() for t in step[1]])
+        results.append(outs)
+    for a, c in zip(*results, strict=True):
+        for x, y in zip(a, c, strict=True):
+            assert x.dtype == y.dtype == dtype
+            np.testing.assert_array_equal(x, y)
