@@ -1,7 +1,8 @@
 """Sparsification methods, one module each, written once for every framework."""
 
 from .base import GATHER, MODEL, SHARED, TENSOR, UNION, Algorithm, StepContext, StepOutcome
+from .deft import DEFT
 from .topk import TopK
 
-__all__ = ["GATHER", "MODEL", "SHARED", "TENSOR", "UNION", "Algorithm", "StepContext", "StepOutcome",
-           "TopK"]
+__all__ = ["DEFT", "GATHER", "MODEL", "SHARED", "TENSOR", "UNION", "Algorithm", "StepContext",
+           "StepOutcome", "TopK"]

@@ -12,5 +12,6 @@ from ..faces import face_class
 from .compressor import SparseCompressor
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+DEFT = face_class(SparseCompressor, algorithms.DEFT, __name__)
 
-__all__ = ["SparseCompressor", "TopK"]
+__all__ = ["DEFT", "SparseCompressor", "TopK"]
