@@ -31,10 +31,10 @@ def test_torch_deft(controller):
     assert all(count > 0 for count in fallbacks(stdout, "torch/dense-fallback"))
 
 
-@pytest.mark.timeout(500)
+@pytest.mark.timeout(600)
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_tensorflow_deft(controller):
-    stdout = assert_passed(launch("tf_deft.py", SIZE, controller, timeout=480), SIZE)
+    stdout = assert_passed(launch("tf_deft.py", SIZE, controller, timeout=580), SIZE)
     for config in ("tape-function/paper", "tape-eager/agreed-heap", "tape-function/dense-fallback",
                    "keras/paper"):
         assert stdout.count(f"CHECKED tf/{config} ") == SIZE
