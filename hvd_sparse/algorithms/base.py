@@ -44,6 +44,8 @@ class StepContext:
     backend: Backend
     name: str = ""      # prefix of the bucket's collective names (a method's own collectives
                         # are named f"{ctx.name}.<something>")
+    sizes: tuple[int, ...] = ()  # element count of each tensor of the bucket, in bucket order
+                                 # (sums to numel): the layout methods that work per layer need
 
 
 @dataclass(frozen=True)

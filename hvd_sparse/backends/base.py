@@ -78,6 +78,11 @@ class Backend:
         """Host float (synchronizes)."""
         raise NotImplementedError
 
+    def segment_norms(self, x: Array, lengths: list[int]) -> np.ndarray:
+        """L2 norm of each consecutive segment of x (segment i has ``lengths[i]`` entries, which
+        sum to numel(x)), accumulated in float64: a host float64 array (one synchronization)."""
+        raise NotImplementedError
+
     def all_finite(self, x: Array) -> bool:
         """Host bool (synchronizes)."""
         raise NotImplementedError

@@ -60,6 +60,14 @@ class NumpyBackend(Backend):
         x64 = x.astype(np.float64)
         return float(np.dot(x64, x64))
 
+    def segment_norms(self, x, lengths):
+        squares, lo = [], 0
+        for length in lengths:
+            segment = x[lo:lo + length].astype(np.float64)
+            squares.append(np.dot(segment, segment))
+            lo += length
+        return np.sqrt(np.array(squares, dtype=np.float64))
+
     def all_finite(self, x):
         return bool(np.isfinite(x).all())
 

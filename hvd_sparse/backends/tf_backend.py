@@ -58,6 +58,11 @@ class TensorFlowBackend(Backend):
         x64 = tf.cast(x, tf.float64)
         return float(tf.reduce_sum(x64 * x64))
 
+    def segment_norms(self, x, lengths):
+        squares = tf.square(tf.cast(x, tf.float64))
+        ragged = tf.RaggedTensor.from_row_lengths(squares, tf.constant(list(lengths), dtype=tf.int64))
+        return tf.sqrt(tf.reduce_sum(ragged, axis=1)).numpy()
+
     def all_finite(self, x):
         return bool(tf.reduce_all(tf.math.is_finite(x)))
 

@@ -65,6 +65,12 @@ class TorchBackend(Backend):
     def sum_of_squares(self, x):
         return float(torch.dot(x.double(), x.double()))
 
+    def segment_norms(self, x, lengths):
+        # One reduction kernel over all segments; squares summed in float64.
+        lengths_t = torch.tensor(list(lengths), dtype=torch.int64, device=x.device)
+        sums = torch.segment_reduce(x.to(torch.float64).square(), "sum", lengths=lengths_t)
+        return sums.sqrt().cpu().numpy()
+
     def all_finite(self, x):
         return bool(torch.isfinite(x).all())
 

@@ -53,6 +53,7 @@ class Bucket:
     residual: Any
     value_dtype: str
     index_dtype: str
+    sizes: tuple[int, ...] = ()     # element count of each tensor, in bucket order
     step: int = 0
     control: Any = None
     stats: BucketStats | None = None
@@ -100,7 +101,7 @@ class Engine:
         if check_layout and not bucket.layout_checked and self.size > 1:
             yield from self._agree_on_layout(bucket, name)
         bucket.layout_checked = True
-        ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b, name)
+        ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b, name, bucket.sizes)
         if bucket.control is None:
             bucket.control = self.algorithm.init_control(ctx)
 
@@ -262,14 +263,16 @@ class Engine:
                 raise UnsupportedTensorError(
                     f"gradient {key!r} has dtype {dtype}; sparsification needs floating-point "
                     "gradients (float16, bfloat16, float32, float64)")
-        numel = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
+        numel = sum(sizes)
         if numel == 0:
             raise UnsupportedTensorError(f"bucket {key!r} is empty: nothing to sparsify")
         residual_dtype = "float64" if "float64" in dtypes else "float32"
         like = tensors[0]
         bucket = Bucket(key=key, shapes=shapes, dtypes=dtypes, numel=numel,
                         residual=b.zeros(numel, residual_dtype, like=like),
-                        value_dtype=value_dtype_for(dtypes), index_dtype=index_dtype_for(numel))
+                        value_dtype=value_dtype_for(dtypes), index_dtype=index_dtype_for(numel),
+                        sizes=sizes)
         self.buckets[key] = bucket
         if key in self._restored:
             self._restore(bucket, self._restored.pop(key), like)
@@ -336,5 +339,5 @@ class Engine:
             residual = saved["residual"].astype(self.backend.dtype_name(bucket.residual))
             bucket.residual = self.backend.from_numpy(residual, like=like)
         ctx = StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend,
-                          f"{self.prefix}.{bucket.key}")
+                          f"{self.prefix}.{bucket.key}", bucket.sizes)
         bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)

@@ -15,6 +15,7 @@ from .compressor import SparseCompressor, with_model_grouping
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
 MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
 ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)
+DEFT = face_class(SparseCompressor, algorithms.DEFT, __name__)
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
@@ -26,4 +27,4 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
                                        **with_model_grouping(compression, kwargs))
 
 
-__all__ = ["DistributedGradientTape", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]
+__all__ = ["DEFT", "DistributedGradientTape", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]
