@@ -13,6 +13,7 @@ from ..faces import face_class
 from .compressor import SparseCompressor, with_model_grouping
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+LAGS = face_class(SparseCompressor, algorithms.LAGS, __name__)
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
@@ -24,4 +25,4 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
                                        **with_model_grouping(compression, kwargs))
 
 
-__all__ = ["DistributedGradientTape", "SparseCompressor", "TopK"]
+__all__ = ["LAGS", "DistributedGradientTape", "SparseCompressor", "TopK"]

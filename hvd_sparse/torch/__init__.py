@@ -12,5 +12,6 @@ from ..faces import face_class
 from .compressor import SparseCompressor
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+LAGS = face_class(SparseCompressor, algorithms.LAGS, __name__)
 
-__all__ = ["SparseCompressor", "TopK"]
+__all__ = ["LAGS", "SparseCompressor", "TopK"]
