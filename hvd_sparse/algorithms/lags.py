@@ -21,9 +21,10 @@ Named options (off in paper mode):
 
 * ``adaptive=True``: the adaptive per-group density of 5.2, implemented and live. Every rank
   measures, over the first ``profile_steps`` steps, when each group's last gradient arrives
-  (PyTorch: the time of ``compress``), and the cost of an allgather (a short calibration of
-  ``calibration_repeats`` allgathers of each of ``calibration_sizes`` elements) unless
-  ``alpha``/``beta`` are given. The medians are averaged across ranks by ONE named allreduce
+  (PyTorch: the time of ``compress``), and the cost of an allgather (a short calibration: the
+  fastest of ``calibration_repeats`` allgathers of each of ``calibration_sizes`` elements) unless
+  ``alpha``/``beta`` are given. The per-group medians over the profiled steps and the
+  calibration's timings are averaged across ranks by ONE named allreduce
   (``<prefix>.lags.profile``) so that every rank decides from the same numbers; then
   ``T_comm(m, rho) = alpha*log2(P) + 2*(P-1)*rho*m*beta`` is solved for ``T_comm = T_comp``:
   ``t = T_comp - alpha*log2(P)``; ``rho* = min_density`` if ``t <= 0`` else
@@ -167,7 +168,7 @@ class LAGS(Algorithm):
             ``None`` (default): measured by a calibration on the job. ``PAPER_ALPHA`` and
             ``PAPER_BETA`` are the authors' values.
         calibration_sizes: elements per rank of the two calibration allgathers.
-        calibration_repeats: timed allgathers per size (their median is used).
+        calibration_repeats: timed allgathers per size (the fastest is used).
         min_density, overflow_density: the rule's floor and the value it takes when the solved
             density exceeds 1 (the authors' 0.001 and 0.05).
     """
@@ -178,8 +179,8 @@ class LAGS(Algorithm):
 
     def __init__(self, density: float = 0.01, *, merge_threshold: int = 8192, adaptive: bool = False,
                  comp_time: str = "own", profile_steps: int = 5, alpha: float | None = None,
-                 beta: float | None = None, calibration_sizes: tuple[int, int] = (256, 262144),
-                 calibration_repeats: int = 3, min_density: float = 0.001,
+                 beta: float | None = None, calibration_sizes: tuple[int, int] = (256, 1 << 20),
+                 calibration_repeats: int = 5, min_density: float = 0.001,
                  overflow_density: float = 0.05):
         if isinstance(merge_threshold, bool) or not isinstance(merge_threshold, int) or merge_threshold < 0:
             raise ConfigurationError(
@@ -291,19 +292,22 @@ class LAGS(Algorithm):
         return controls
 
     def _calibrate(self, like: Any, ctx: StepContext) -> Protocol:
-        """Median seconds of ``calibration_repeats`` allgathers of each calibration size. Drivers run
-        end_step blocking, so the time between yielding a phase and resuming is its duration."""
+        """Per calibration size, the fastest of ``calibration_repeats`` timed allgathers (the
+        least disturbed by other work), after one untimed allgather that lines the ranks up and
+        warms the buffers. Drivers run end_step blocking, so the time between yielding a phase
+        and resuming is its duration."""
         b = ctx.backend
-        medians = []
+        fastest = []
         for size in self.calibration_sizes:
+            payload = b.zeros(size, "float32", like=like)
+            yield [Collective(ALLGATHER, f"{ctx.name}.lags.calibrate.{size}.warmup", payload)]
             seconds = []
             for repeat in range(self.calibration_repeats):
-                payload = b.zeros(size, "float32", like=like)
                 started = time.perf_counter()
                 yield [Collective(ALLGATHER, f"{ctx.name}.lags.calibrate.{size}.{repeat}", payload)]
                 seconds.append(time.perf_counter() - started)
-            medians.append(float(np.median(seconds)))
-        return medians
+            fastest.append(min(seconds))
+        return fastest
 
     # --- statistics and checkpoints -------------------------------------------------------------------
     def model_stats(self, controls: dict[str, Any]) -> dict:

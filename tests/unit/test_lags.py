@@ -239,7 +239,7 @@ def test_calibration_times_named_allgathers_and_agrees():
         run_groups(engines, plan, random_grads(rng, size))
         before = len(group.log)
         group.run([e.end_step(ready_times(plan, r, step)) for r, e in enumerate(engines)])
-    calibration = [(ALLGATHER, f"job.lags.calibrate.{n}.{i}") for n in (8, 64) for i in range(2)]
+    calibration = [(ALLGATHER, f"job.lags.calibrate.{n}.{i}") for n in (8, 64) for i in ("warmup", 0, 1)]
     assert group.log[before:] == [*calibration, (ALLREDUCE, "job.lags.profile")]
     first, second = (e.stats() for e in engines)
     assert first["adaptive_state"] == "fixed"
