@@ -158,6 +158,11 @@ class Algorithm:
         is empty, ``numel`` the total, ``name`` the compressor's prefix. Default: nothing."""
         return finished(None)
 
+    def measuring(self, controls: dict[str, Any]) -> bool:
+        """Whether the next step's readiness times matter (bucket -> control): drivers then make
+        them exact at some cost, e.g. by waiting for the device in each gradient hook."""
+        return False
+
     def control_stats(self, control: Any) -> dict:
         """Extra statistics of the last step (e.g. ``threshold``)."""
         return {}

@@ -35,7 +35,10 @@ Named options (off in paper mode):
   authors' definition) or ``"remaining"`` (the backward time still to come after this group is
   ready: the time its communication can hide behind in a pipeline). The first group's own time
   is measured from the step's first gradient: the backward work before it is not observable from
-  a compressor.
+  a compressor. On a GPU the PyTorch face waits for the device in each gradient hook during the
+  profiled steps (only then), so the times are those of the computation, not of kernel launches.
+  The calibration and the agreement run once, blocking, in the first ``decompress`` of step
+  ``profile_steps - 1`` (every rank is there; no backward hook ever blocks).
   TensorFlow computes every gradient before Horovod reduces any, so there is nothing to overlap
   and no per-group time to observe: there ``adaptive=True`` warns once and keeps the uniform
   density (``stats()["adaptive_state"] == "uniform"``).
@@ -290,6 +293,11 @@ class LAGS(Algorithm):
             control.comp_seconds, control.alpha, control.beta = float(comp), alpha, beta
             control.own, control.remaining = [], []
         return controls
+
+    def measuring(self, controls: dict[str, Any]) -> bool:
+        if not self.adaptive:
+            return False
+        return not controls or any(c.state == "profiling" for c in controls.values())
 
     def _calibrate(self, like: Any, ctx: StepContext) -> Protocol:
         """Per calibration size, the fastest of ``calibration_repeats`` timed allgathers (the

@@ -201,6 +201,10 @@ class Engine:
         for key, control in (updated or {}).items():
             buckets[key].control = control
 
+    def measuring(self) -> bool:
+        """Whether the algorithm wants exact readiness times for the next step (see end_step)."""
+        return self.algorithm.measuring({key: bk.control for key, bk in self.buckets.items()})
+
     def schedule(self, key: str, numel: int, dtypes: tuple[str, ...]) -> list[list[tuple[str, str, str]]]:
         """The phases ``step(..., check_layout=False)`` will yield for a bucket, as
         (op, name, dtype) triples, known before any data is seen: what a graph must be built with

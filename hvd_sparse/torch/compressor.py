@@ -18,7 +18,9 @@ optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without 
   in flight, so ``stats()`` can say how long the step waited on communication
   (``comm_wait_seconds``) against how long communication was in flight
   (``comm_inflight_seconds``), and ``communication_timeline()`` when each bucket's collectives
-  were issued and seen complete.
+  were issued and seen complete. Only in the steps where the algorithm measures the backward
+  pass (LAGS's profiling) and on a GPU, each hook also waits for the device, so that the clock
+  reads when a gradient was computed rather than when its kernels were queued.
 """
 
 from __future__ import annotations
@@ -76,6 +78,7 @@ class SparseCompressor(Compressor):
         self._arrived: dict[str, torch.Tensor] = {}          # this step's gradients, by key
         self._arrival: dict[str, float] = {}                 # ... their arrival, s after the first
         self._step_began = 0.0
+        self._measuring = False                              # wait for the device in hooks
         self._started: set[str] = set()
         self._flushed = False
         self._outstanding = 0
@@ -84,9 +87,13 @@ class SparseCompressor(Compressor):
 
     # --- Horovod's interface --------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        now = time.perf_counter()
-        _, protocols = self._ensure_engine()
+        engine, protocols = self._ensure_engine()
         if self._outstanding == 0:  # first gradient of a new step
+            self._measuring = engine.measuring() and tensor.is_cuda
+        if self._measuring:
+            torch.cuda.synchronize(tensor.device)
+        now = time.perf_counter()
+        if self._outstanding == 0:
             self._begin_step(now)
         self._outstanding += 1
         key = self._key_for(tensor)

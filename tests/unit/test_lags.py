@@ -157,6 +157,7 @@ def test_every_group_matches_the_reference_and_keeps_exact_error_feedback(size, 
                 sent = np.where(residual == 0, accs[name][rank], 0)
                 np.testing.assert_array_equal(sent + residual, accs[name][rank])
     stats = engines[0].stats()
+    assert not engines[0].measuring()
     assert stats["buckets"] == len(plan) and stats["adaptive_state"] == "off"
     assert set(stats["group_densities"]) == {name for name, _ in plan}
     assert set(stats["group_densities"].values()) == {0.05}
@@ -193,8 +194,10 @@ def test_adaptive_densities_follow_the_rule_from_agreed_medians(comp_time):
     size, alpha, beta = 3, 1e-4, 1e-4   # slow "network": the groups get different densities
     _, engines, plan = adaptive_setup(size, alpha=alpha, beta=beta, comp_time=comp_time)
     group, rng = RecordingGroup(size), np.random.default_rng(5)
+    assert engines[0].measuring()  # drivers make readiness times exact while profiling
     for step in range(4):
         run_groups(engines, plan, random_grads(rng, size))
+        assert engines[0].measuring() == (step < 3)
         before = len(group.log)
         group.run([e.end_step(ready_times(plan, r, step)) for r, e in enumerate(engines)])
         issued = group.log[before:]
