@@ -126,6 +126,12 @@ def run(label: str, delay: float = 0.0, via_registry: bool = False, **options) -
     if compressor.algorithm.adaptive:
         assert stats["adaptive_state"] == "fixed", stats
         assert stats["comm_alpha"] >= 0 and stats["comm_beta"] >= 0, stats
+        comp = stats["group_comp_seconds"]
+        if compressor.algorithm.comp_time == "own":  # the layers between two groups take time
+            assert comp["group1"] > 0 and comp["group2"] > 0, comp
+        else:  # backward work is left after the first group, none after the last one
+            assert comp["group0"] > 0 and comp["group2"] == 0, comp
+            assert stats["group_densities"]["group2"] == DENSITY, stats
     params = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
     check_identical(allgather_rows(params, f"test.{label}.params"), f"{label} parameters")
     extra = ""
