@@ -3,8 +3,9 @@
 from .base import GATHER, MODEL, SHARED, TENSOR, UNION, Algorithm, StepContext, StepOutcome
 from .deft import DEFT
 from .exdyna import ExDyna
+from .lags import LAGS
 from .micro import MiCRO
 from .topk import TopK
 
-__all__ = ["DEFT", "GATHER", "MODEL", "SHARED", "TENSOR", "UNION", "Algorithm", "ExDyna", "MiCRO",
-           "StepContext", "StepOutcome", "TopK"]
+__all__ = ["DEFT", "GATHER", "LAGS", "MODEL", "SHARED", "TENSOR", "UNION", "Algorithm", "ExDyna",
+           "MiCRO", "StepContext", "StepOutcome", "TopK"]

@@ -10,6 +10,9 @@ checkpoints -- so a method module says only what is specific to it:
 * ``init_control`` / ``observe``: host-side control state (thresholds, partitions, k) and its
   update from what the step exchanged. These are small pure computations on NumPy/Python data
   that every rank performs identically, so ranks agree without extra messages.
+* ``end_step`` (optional): once per training step, after every bucket has finished, a protocol
+  that sees every bucket's control state and when each bucket became ready during the backward
+  pass, for decisions that span buckets (LAGS's per-group density).
 """
 
 from __future__ import annotations
@@ -57,6 +60,17 @@ class StepOutcome:
     gathered_indices: Any         # every rank's indices, concatenated in rank order
     own_indices: Any = None       # this rank's selection
     piggyback: Any = None         # the sum over ranks of what ``piggyback`` returned (NumPy)
+
+
+@dataclass(frozen=True)
+class StepEnd:
+    """What a driver saw of a finished training step, handed to ``Algorithm.end_step``."""
+
+    controls: dict[str, Any]          # bucket -> its control state on this rank
+    numels: dict[str, int]            # bucket -> elements
+    ready: dict[str, float] | None    # bucket -> seconds from the step's first gradient to the
+                                      # arrival of the bucket's last one; None where not observable
+    like: Any                         # a tensor on the buckets' device, for collective payloads
 
 
 def check_density(density: Any) -> float:
@@ -145,8 +159,25 @@ class Algorithm:
         """Update the control state after a step; returns it."""
         return control
 
+    def end_step(self, end: StepEnd, ctx: StepContext) -> Protocol:
+        """Protocol run once per training step on every rank, after every bucket of the step has
+        finished and outside the backward pass (drivers run it blocking). It may issue named
+        collectives -- the same on every rank -- and returns the updated control states
+        (bucket -> control), or None to leave them. ``ctx`` describes the whole model: ``key``
+        is empty, ``numel`` the total, ``name`` the compressor's prefix. Default: nothing."""
+        return finished(None)
+
+    def measuring(self, controls: dict[str, Any]) -> bool:
+        """Whether the next step's readiness times matter (bucket -> control): drivers then make
+        them exact at some cost, e.g. by waiting for the device in each gradient hook."""
+        return False
+
     def control_stats(self, control: Any) -> dict:
         """Extra statistics of the last step (e.g. ``threshold``)."""
+        return {}
+
+    def model_stats(self, controls: dict[str, Any]) -> dict:
+        """Extra statistics spanning buckets (bucket -> control), e.g. per-bucket densities."""
         return {}
 
     def control_state(self, control: Any) -> Any:

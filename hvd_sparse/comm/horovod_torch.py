@@ -5,14 +5,20 @@ asynchronously complete whatever order ranks start them in; a rank that *blocks*
 another rank blocks on a different one hangs both (HOROVOD.md 1.8). ``AsyncProtocols`` therefore
 starts every protocol's next phase before it waits for any: a phase's collectives are all issued
 on every rank before any rank waits on them.
+
+It also keeps, cheaply, the step's communication timeline: when each bucket's collectives were
+issued, when they were seen complete (``poll``, called from the backward hooks, checks the oldest
+bucket not yet seen complete; otherwise the wait in ``finish_all`` tells), and how long
+``finish_all`` blocked on collectives -- the communication the backward pass did not hide.
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from .neighbours import mpi_exchange_for, neighbour_payload, neighbour_splits, split_neighbours
-from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, Protocol
+from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, Phase, Protocol
 
 
 class HorovodTorchComm:
@@ -62,6 +68,19 @@ class HorovodTorchComm:
         handle = self._hvd.alltoall_async(data, splits=splits, name=c.name, process_set=self.process_set)
         return "alltoall", (handle, len(payload))
 
+    def poll(self, handle: Any) -> bool:
+        """Whether the collective has completed (``wait`` then returns at once); never blocks."""
+        kind, payload = handle
+        if kind == "mpi":
+            return self._mpi.test(payload)
+        return self._hvd.poll(payload[0] if kind == "alltoall" else payload)
+
+    def execute(self, phase: Phase) -> list:
+        """Run a phase blocking: start every collective, then wait for each. Only where every rank
+        runs the same phases in the same order (outside backward hooks)."""
+        handles = [self.start(c) for c in phase]
+        return [self.wait(h) for h in handles]
+
 
 class AsyncProtocols:
     """Protocols in flight during one step, keyed by bucket name."""
@@ -70,16 +89,42 @@ class AsyncProtocols:
         self.comm = comm
         self._running: dict[str, tuple[Protocol, list]] = {}
         self.results: dict[str, Any] = {}
+        self.issued_at: dict[str, float] = {}     # perf_counter when a bucket's first collectives started
+        self.completed_at: dict[str, float] = {}  # ... when its last one was seen complete
+        self.wait_seconds = 0.0                   # time finish_all blocked on collectives
+        self._phase_done: dict[str, float] = {}
+        self._unseen: list[str] = []              # running buckets not yet seen complete, oldest first
 
     def start(self, key: str, protocol: Protocol) -> None:
         """Run ``protocol`` up to its first phase and start that phase's collectives."""
         self._advance(key, protocol, None)
 
+    def poll(self) -> None:
+        """Note the completion of the oldest running buckets whose collectives are done. Costs one
+        Horovod poll per handle of the oldest bucket not yet seen complete; never blocks."""
+        now = None
+        while self._unseen:
+            key = self._unseen[0]
+            entry = self._running.get(key)
+            if entry is not None and key not in self._phase_done:
+                if not all(self.comm.poll(h) for h in entry[1]):
+                    return
+                now = now or time.perf_counter()
+                self._phase_done[key] = now
+            self._unseen.pop(0)
+
     def finish_all(self) -> None:
         """Drive every running protocol to completion, phase by phase across all of them."""
         while self._running:
             running, self._running = self._running, {}
-            outputs = {key: [self.comm.wait(h) for h in handles] for key, (_, handles) in running.items()}
+            self._unseen.clear()
+            outputs = {}
+            for key, (_, handles) in running.items():
+                started = time.perf_counter()
+                outputs[key] = [self.comm.wait(h) for h in handles]
+                done = time.perf_counter()
+                self.wait_seconds += done - started
+                self._phase_done.setdefault(key, done)
             for key, (protocol, _) in running.items():
                 self._advance(key, protocol, outputs[key])
 
@@ -87,11 +132,39 @@ class AsyncProtocols:
         if self._running:
             raise RuntimeError(f"collectives still in flight for {sorted(self._running)}")
         self.results.clear()
+        self.issued_at.clear()
+        self.completed_at.clear()
+        self._phase_done.clear()
+        self._unseen.clear()
+        self.wait_seconds = 0.0
+
+    def timeline(self) -> dict[str, tuple[float, float | None]]:
+        """Per bucket: (issued, seen complete or None), perf_counter seconds. A bucket still
+        running counts as complete once the collectives it has issued so far are done."""
+        done = {**self._phase_done, **self.completed_at}
+        return {key: (issued, done.get(key)) for key, issued in self.issued_at.items()}
+
+    def inflight_seconds(self) -> float:
+        """Wall time during which at least one bucket's collectives were in flight (the union of
+        the buckets' issued-to-completed intervals)."""
+        intervals = sorted((self.issued_at[k], self.completed_at[k]) for k in self.completed_at
+                           if k in self.issued_at)
+        total, end = 0.0, -float("inf")
+        for lo, hi in intervals:
+            if hi > end:
+                total += hi - max(lo, end)
+                end = hi
+        return total
 
     def _advance(self, key: str, protocol: Protocol, sent: list | None) -> None:
         try:
             phase = next(protocol) if sent is None else protocol.send(sent)
         except StopIteration as done:
             self.results[key] = done.value
+            if key in self.issued_at:
+                self.completed_at[key] = self._phase_done.pop(key, time.perf_counter())
             return
+        self._phase_done.pop(key, None)
         self._running[key] = (protocol, [self.comm.start(c) for c in phase])
+        self.issued_at.setdefault(key, time.perf_counter())
+        self._unseen.append(key)

@@ -72,6 +72,10 @@ class MpiNeighbourExchange:
                     self.comm.Isend(payload, dest=left, tag=_tag(name, 1))]
         return requests, from_left, from_right, payload
 
+    def test(self, handle: tuple) -> bool:
+        """Whether the exchange has completed; never blocks."""
+        return bool(self._mpi.Request.Testall(handle[0]))
+
     def wait(self, handle: tuple) -> list[np.ndarray]:
         requests, from_left, from_right, _ = handle
         self._mpi.Request.Waitall(requests)

@@ -25,7 +25,16 @@ from typing import Any
 
 import numpy as np
 
-from ..algorithms.base import GATHER, SHARED, UNION, Algorithm, StepContext, StepOutcome, check_choice
+from ..algorithms.base import (
+    GATHER,
+    SHARED,
+    UNION,
+    Algorithm,
+    StepContext,
+    StepEnd,
+    StepOutcome,
+    check_choice,
+)
 from ..backends import Backend, index_dtype_for
 from ..comm import ALLGATHER, ALLREDUCE, Collective, Protocol
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
@@ -184,6 +193,27 @@ class Engine:
             return b.scatter_into(tensors, *result)
         return b.split_like(b.scatter(bucket.numel, result[0], result[1], like=acc), tensors)
 
+    def end_step(self, ready: dict[str, float] | None = None) -> Protocol:
+        """Protocol to run once per training step, after every bucket's step has finished, on
+        every rank and outside the backward pass: the algorithm's cross-bucket decisions
+        (``Algorithm.end_step``). ``ready``: per bucket, seconds from the step's first gradient to
+        the arrival of the bucket's last one, where the driver can observe it."""
+        if not self.buckets:
+            return
+        buckets = self.buckets
+        like = next(iter(buckets.values())).residual
+        ctx = StepContext(self.rank, self.size, max(bk.step for bk in buckets.values()), "",
+                          sum(bk.numel for bk in buckets.values()), self.backend, self.prefix)
+        end = StepEnd({key: bk.control for key, bk in buckets.items()},
+                      {key: bk.numel for key, bk in buckets.items()}, ready, like)
+        updated = yield from self.algorithm.end_step(end, ctx)
+        for key, control in (updated or {}).items():
+            buckets[key].control = control
+
+    def measuring(self) -> bool:
+        """Whether the algorithm wants exact readiness times for the next step (see end_step)."""
+        return self.algorithm.measuring({key: bk.control for key, bk in self.buckets.items()})
+
     def schedule(self, key: str, numel: int, dtypes: tuple[str, ...]) -> list[list[tuple[str, str, str]]]:
         """The phases ``step(..., check_layout=False)`` will yield for a bucket, as
         (op, name, dtype) triples, known before any data is seen: what a graph must be built with
@@ -282,7 +312,9 @@ class Engine:
     def stats(self) -> dict:
         """The last step, summed over buckets (see engine/stats.py for the fields)."""
         latest = [bk.stats for bk in self.buckets.values() if bk.stats is not None]
-        return summarize(latest, self.algorithm.density)
+        out = summarize(latest, self.algorithm.density)
+        out.update(self.algorithm.model_stats({key: bk.control for key, bk in self.buckets.items()}))
+        return out
 
     def state_dict(self) -> dict:
         """This rank's state: residuals (as NumPy) and the rank-consistent control state."""

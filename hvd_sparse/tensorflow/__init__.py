@@ -16,6 +16,7 @@ TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
 MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
 ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)
 DEFT = face_class(SparseCompressor, algorithms.DEFT, __name__)
+LAGS = face_class(SparseCompressor, algorithms.LAGS, __name__)
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
@@ -27,4 +28,4 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
                                        **with_model_grouping(compression, kwargs))
 
 
-__all__ = ["DEFT", "DistributedGradientTape", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]
+__all__ = ["DEFT", "LAGS", "DistributedGradientTape", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]

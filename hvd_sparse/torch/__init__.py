@@ -15,5 +15,6 @@ TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
 MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
 ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)
 DEFT = face_class(SparseCompressor, algorithms.DEFT, __name__)
+LAGS = face_class(SparseCompressor, algorithms.LAGS, __name__)
 
-__all__ = ["DEFT", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]
+__all__ = ["DEFT", "LAGS", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]

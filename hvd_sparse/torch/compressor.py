@@ -11,12 +11,21 @@ optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without 
   rest of the backward pass.
 * The first ``decompress`` of a step (by then every rank has issued every ``compress`` of the
   step) starts any bucket not started yet -- on the first step, before the plan is known, that is
-  all of them -- and drives all protocols to completion, phase by phase; later calls return their
-  piece.
+  all of them -- and drives all protocols to completion, phase by phase; then runs the
+  algorithm's once-per-step protocol (``Engine.end_step``, blocking: every rank is there) with the
+  time each bucket became ready; later calls return their piece.
+* Timing is cheap: one clock read per ``compress`` and a non-blocking poll of the oldest bucket
+  in flight, so ``stats()`` can say how long the step waited on communication
+  (``comm_wait_seconds``) against how long communication was in flight
+  (``comm_inflight_seconds``), and ``communication_timeline()`` when each bucket's collectives
+  were issued and seen complete. Only in the steps where the algorithm measures the backward
+  pass (LAGS's profiling) and on a GPU, each hook also waits for the device, so that the clock
+  reads when a gradient was computed rather than when its kernels were queued.
 """
 
 from __future__ import annotations
 
+import time
 import warnings
 from collections.abc import Iterable
 from typing import Any
@@ -26,6 +35,7 @@ from horovod.torch.compression import Compressor
 
 from ..algorithms.base import Algorithm, check_choice
 from ..backends import get_backend
+from ..comm import run_blocking
 from ..comm.horovod_torch import AsyncProtocols, HorovodTorchComm
 from ..engine import Engine, summarize
 from ..engine.core import NONFINITE_POLICIES
@@ -66,6 +76,9 @@ class SparseCompressor(Compressor):
         self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys
         self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
         self._arrived: dict[str, torch.Tensor] = {}          # this step's gradients, by key
+        self._arrival: dict[str, float] = {}                 # ... their arrival, s after the first
+        self._step_began = 0.0
+        self._measuring = False                              # wait for the device in hooks
         self._started: set[str] = set()
         self._flushed = False
         self._outstanding = 0
@@ -74,20 +87,27 @@ class SparseCompressor(Compressor):
 
     # --- Horovod's interface --------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        self._ensure_engine()
+        engine, protocols = self._ensure_engine()
         if self._outstanding == 0:  # first gradient of a new step
-            self._begin_step()
+            self._measuring = engine.measuring() and tensor.is_cuda
+        if self._measuring:
+            torch.cuda.synchronize(tensor.device)
+        now = time.perf_counter()
+        if self._outstanding == 0:
+            self._begin_step(now)
         self._outstanding += 1
         key = self._key_for(tensor)
         self._arrived[key] = tensor
+        self._arrival[key] = now - self._step_began
         planned = self._bucket_of.get(key)
         if planned is not None and all(m in self._arrived for m in self._members[planned[0]]):
             self._start(planned[0])  # the bucket is complete: communicate during backward
+        protocols.poll()
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else torch.float32
         return torch.zeros(1, dtype=dtype, device=tensor.device), key
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        _, protocols = self._ensure_engine()
+        engine, protocols = self._ensure_engine()
         if not self._flushed:  # first decompress of the step: every compress has happened
             self._flushed = True
             if set(self._arrived) != set(self._bucket_of):
@@ -96,6 +116,9 @@ class SparseCompressor(Compressor):
                 if bucket not in self._started:
                     self._start(bucket)
             protocols.finish_all()
+            ready = {bucket: max(self._arrival[key] for key in keys)
+                     for bucket, keys in self._members.items()}
+            run_blocking(engine.end_step(ready), protocols.comm.execute)
         self._outstanding -= 1
         bucket, position = self._bucket_of[ctx]
         return protocols.results[bucket][position]
@@ -105,7 +128,22 @@ class SparseCompressor(Compressor):
         """Statistics of the last step on this rank (see README, "Statistics")."""
         if self._engine is None:
             return summarize([], self.algorithm.density)
-        return self._engine.stats()
+        out = self._engine.stats()
+        protocols = self._protocols
+        out["comm_wait_seconds"] = protocols.wait_seconds  # type: ignore[union-attr]
+        out["comm_inflight_seconds"] = protocols.inflight_seconds()  # type: ignore[union-attr]
+        return out
+
+    def communication_timeline(self) -> dict[str, tuple[float, float | None]]:
+        """This step's buckets (the last step's, between steps): (issued, completed) in seconds
+        after the step's first gradient, ``completed`` None while not seen complete. Polls the
+        collectives in flight first, so it may be called from a backward hook."""
+        if self._protocols is None:
+            return {}
+        self._protocols.poll()
+        began = self._step_began
+        return {key: (issued - began, None if done is None else done - began)
+                for key, (issued, done) in self._protocols.timeline().items()}
 
     def state_dict(self) -> dict:
         """This rank's state (residuals and control state); save one file per rank."""
@@ -128,8 +166,10 @@ class SparseCompressor(Compressor):
             self._protocols = AsyncProtocols(comm)
         return self._engine, self._protocols  # type: ignore[return-value]
 
-    def _begin_step(self) -> None:
+    def _begin_step(self, now: float) -> None:
         self._protocols.clear()  # type: ignore[union-attr]
+        self._step_began = now
+        self._arrival.clear()
         self._arrived.clear()
         self._started.clear()
         self._flushed = False
