@@ -9,7 +9,8 @@ from . import algorithms
 from .errors import ConfigurationError
 
 METHODS: dict[str, type[algorithms.Algorithm]] = {
-    cls.name: cls for cls in (algorithms.TopK,)
+    cls.name: cls for cls in (algorithms.TopK, algorithms.RandomK, algorithms.Threshold,
+                              algorithms.GaussianK, algorithms.DGC)
 }
 
 _FACES = {"torch": "hvd_sparse.torch", "pytorch": "hvd_sparse.torch",

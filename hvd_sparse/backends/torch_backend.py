@@ -65,6 +65,12 @@ class TorchBackend(Backend):
     def all_finite(self, x):
         return bool(torch.isfinite(x).all())
 
+    def mean_std(self, x):
+        if x.numel() < 2:
+            return float(x.float().mean()), 0.0
+        std, mean = torch.std_mean(x)
+        return float(mean), float(std)
+
     def tensors_finite(self, tensors):
         total = torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum()
         return bool(torch.isfinite(total))

@@ -60,6 +60,16 @@ class Bucket:
     nonfinite_steps: int = 0
 
 
+def check_gradient_dtype(key: str, dtype: str) -> None:
+    """Refuse a gradient the engine cannot sparsify; faces call it before any collective (at
+    trace time in TensorFlow) so every rank fails at the same point."""
+    if dtype not in _FLOATS:
+        raise UnsupportedTensorError(
+            f"gradient {key!r} has dtype {dtype}; sparsification needs real floating-point "
+            "gradients (float16, bfloat16, float32, float64): cast the parameter, or leave it out "
+            "of the compressed optimizer")
+
+
 def value_dtype_for(dtypes: tuple[str, ...]) -> str:
     """Values travel in the gradients' own precision when Horovod can move it, else fp32."""
     common = set(dtypes)
@@ -231,10 +241,7 @@ class Engine:
                     "instance serves one model: create a new one for another model")
             return bucket
         for dtype in dtypes:
-            if dtype not in _FLOATS:
-                raise UnsupportedTensorError(
-                    f"gradient {key!r} has dtype {dtype}; sparsification needs floating-point "
-                    "gradients (float16, bfloat16, float32, float64)")
+            check_gradient_dtype(key, dtype)
         numel = sum(int(np.prod(s, dtype=np.int64)) for s in shapes)
         if numel == 0:
             raise UnsupportedTensorError(f"bucket {key!r} is empty: nothing to sparsify")

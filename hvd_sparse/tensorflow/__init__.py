@@ -13,6 +13,10 @@ from ..faces import face_class
 from .compressor import SparseCompressor, with_model_grouping
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+RandomK = face_class(SparseCompressor, algorithms.RandomK, __name__)
+Threshold = face_class(SparseCompressor, algorithms.Threshold, __name__)
+GaussianK = face_class(SparseCompressor, algorithms.GaussianK, __name__)
+DGC = face_class(SparseCompressor, algorithms.DGC, __name__)
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
@@ -24,4 +28,4 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
                                        **with_model_grouping(compression, kwargs))
 
 
-__all__ = ["DistributedGradientTape", "SparseCompressor", "TopK"]
+__all__ = ["DGC", "DistributedGradientTape", "GaussianK", "RandomK", "SparseCompressor", "Threshold", "TopK"]

@@ -12,5 +12,9 @@ from ..faces import face_class
 from .compressor import SparseCompressor
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
+RandomK = face_class(SparseCompressor, algorithms.RandomK, __name__)
+Threshold = face_class(SparseCompressor, algorithms.Threshold, __name__)
+GaussianK = face_class(SparseCompressor, algorithms.GaussianK, __name__)
+DGC = face_class(SparseCompressor, algorithms.DGC, __name__)
 
-__all__ = ["SparseCompressor", "TopK"]
+__all__ = ["DGC", "GaussianK", "RandomK", "SparseCompressor", "Threshold", "TopK"]

@@ -44,6 +44,10 @@ def test_bulk_ops_match_numpy(backend):
     assert sorted(backend.to_numpy(backend.topk_indices(backend.abs(t), 17))) == \
         sorted(ref.topk_indices(np.abs(x), 17))
     assert backend.sum_of_squares(t) == pytest.approx(ref.sum_of_squares(x))
+    mean, std = backend.mean_std(t)
+    assert mean == pytest.approx(ref.mean_std(x)[0], rel=1e-4, abs=1e-6)
+    assert std == pytest.approx(ref.mean_std(x)[1], rel=1e-5)
+    assert backend.mean_std(backend.from_numpy(x[:1])) == (pytest.approx(float(x[0])), 0.0)
     assert backend.all_finite(t) and not backend.all_finite(backend.from_numpy(np.array([1.0, np.inf])))
     residual = backend.zeros(12)
     pieces = [x[:6].reshape(2, 3), x[6:12]]
