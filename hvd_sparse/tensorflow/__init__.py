@@ -28,4 +28,14 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
                                        **with_model_grouping(compression, kwargs))
 
 
-__all__ = ["DGC", "DistributedGradientTape", "GaussianK", "RandomK", "SparseCompressor", "Threshold", "TopK"]
+def __getattr__(name: str) -> Any:
+    # The Keras callback loads Keras, which TF users without Keras should not pay for.
+    if name == "CompressionCallback":
+        from .callbacks import CompressionCallback
+
+        return CompressionCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["DGC", "CompressionCallback", "DistributedGradientTape", "GaussianK", "RandomK",
+           "SparseCompressor", "Threshold", "TopK"]
