@@ -40,8 +40,6 @@ from ..errors import ConfigurationError, RankMismatchError
 from .keras import refuse_keras3_under_horovod_keras
 
 _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
-# Horovod's functions that call compress, with the reduction op in their local variable ``op``.
-_COMPRESS_CALLERS = (hvd.allreduce.__code__, hvd.grouped_allreduce.__code__)
 _OP_NAMES = {hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum", hvd.Min: "hvd.Min", hvd.Max: "hvd.Max",
              hvd.Product: "hvd.Product"}
 
@@ -62,15 +60,18 @@ def refuse_reduction_op(op: Any) -> None:
         "learning rate by hvd.size()")
 
 
-def _calling_allreduce_op() -> Any:
-    """The reduction op of the Horovod allreduce calling ``compress`` (read from its frame:
-    Horovod passes the tensor alone, HOROVOD.md 1.4); None when called otherwise."""
+def _calling_allreduce_op(compressor: Any) -> Any:
+    """The reduction op of the Horovod allreduce calling ``compressor.compress``, read from its
+    frame (Horovod passes the tensor alone, HOROVOD.md 1.4): the nearest caller whose locals hold
+    this compressor as ``compression`` and an ``op`` -- ``hvd.allreduce``/``grouped_allreduce``,
+    or the pieces AutoGraph makes of them inside ``tf.function``. None when called otherwise."""
     frame = sys._getframe(2)
-    for _ in range(3):  # compress <- [list comprehension <-] allreduce / grouped_allreduce
+    for _ in range(12):
         if frame is None:
             return None
-        if frame.f_code in _COMPRESS_CALLERS:
-            return frame.f_locals.get("op")
+        names = frame.f_locals
+        if names.get("compression") is compressor and "op" in names:
+            return names["op"]
         frame = frame.f_back
     return None
 
@@ -117,10 +118,11 @@ class SparseCompressor(Compressor):
     framework = "tensorflow"
 
     # --- Horovod's interface (trace time) -------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert  # plain Python that builds the graph
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
         # Everything that cannot work is refused here, at trace time, on every rank: no
         # collective of the step has run yet.
-        refuse_reduction_op(_calling_allreduce_op())
+        refuse_reduction_op(_calling_allreduce_op(self))
         if tf.executing_eagerly():
             raise ConfigurationError(
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "
@@ -144,6 +146,7 @@ class SparseCompressor(Compressor):
         trace.stash.append(tensor)
         return placeholder, len(trace.stash) - 1
 
+    @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
         if self.algorithm.scope == TENSOR:
             out = ctx
