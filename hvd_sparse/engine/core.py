@@ -129,6 +129,7 @@ class Engine:
         idx = yield from self.algorithm.select(acc, bucket.control, ctx)
         if b.numel(idx) == 0:  # never send nothing: an empty collective can hang (HOROVOD.md 1.8)
             idx = self.algorithm.fallback(bucket.control, ctx)
+            idx = b.from_numpy(b.to_numpy(idx), like=acc)  # on the gradient's device (a GPU)
         selected = b.numel(idx)
         select_seconds = time.perf_counter() - started
         idx = b.cast(idx, bucket.index_dtype)

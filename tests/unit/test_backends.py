@@ -82,3 +82,18 @@ def test_engine_is_identical_on_every_backend(backend):
                 np.testing.assert_allclose(ta, tb, rtol=1e-6, atol=1e-7)
     for a, b in zip(expected_residuals, got_residuals, strict=True):
         np.testing.assert_array_equal(a, b)
+
+
+def test_torch_ordered_scatter_sums_duplicates_in_order():
+    """The CUDA scatter path (run here on the CPU): bitwise what NumPy's in-order sum gives."""
+    torch = pytest.importorskip("torch")
+    from hvd_sparse.backends.torch_backend import _ordered_index_add
+
+    rng = np.random.default_rng(3)
+    idx = np.concatenate([rng.choice(500, 60, replace=False) for _ in range(4)])  # 4 ranks' picks
+    values = (rng.standard_normal(idx.size) * 10.0 ** rng.integers(-4, 4, idx.size)).astype(np.float32)
+    expected = np.zeros(500, np.float32)
+    np.add.at(expected, idx, values)
+    got = _ordered_index_add(torch.zeros(500), torch.from_numpy(idx), torch.from_numpy(values))
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert _ordered_index_add(torch.zeros(3), torch.zeros(0, dtype=torch.long), torch.zeros(0)).sum() == 0

@@ -118,6 +118,24 @@ def test_logger_writes_torch_tensorboard_when_installed(monkeypatch, tmp_path):
     assert written[1][0] == "hvd_sparse/buildup" and written[1][2] == 5 and written[-1] == ("close",)
 
 
+def test_logger_writes_real_torch_tensorboard_events(tmp_path):
+    pytest.importorskip("torch")
+    pytest.importorskip("tensorboard")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    rows = local_rows(2)
+    logger = StatsLogger(FakeCompression(0, rows), every=2, keys=["buildup"], tensorboard=tmp_path,
+                         stdout=False)
+    for step in range(5):
+        logger(step)
+    logger.close()
+    events = EventAccumulator(str(tmp_path))
+    events.Reload()
+    scalars = events.Scalars("hvd_sparse/buildup")
+    assert [s.step for s in scalars] == [0, 2, 4]
+    assert scalars[0].value == pytest.approx(np.mean([row["buildup"] for row in rows]), rel=1e-6)
+
+
 def test_logger_without_tensorboard_warns_once_and_keeps_logging(monkeypatch, tmp_path):
     monkeypatch.setitem(sys.modules, "torch.utils.tensorboard", None)  # import fails
     logger = StatsLogger(FakeCompression(0, local_rows(2)), every=1, keys=["buildup"],
