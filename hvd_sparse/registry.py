@@ -8,10 +8,7 @@ from typing import Any
 from . import algorithms
 from .errors import ConfigurationError
 
-METHODS: dict[str, type[algorithms.Algorithm]] = {
-    cls.name: cls for cls in (algorithms.TopK, algorithms.MiCRO, algorithms.ExDyna, algorithms.DEFT,
-                              algorithms.LAGS)
-}
+METHODS: dict[str, type[algorithms.Algorithm]] = {cls.name: cls for cls in algorithms.METHODS}
 
 _FACES = {"torch": "hvd_sparse.torch", "pytorch": "hvd_sparse.torch",
           "tensorflow": "hvd_sparse.tensorflow", "tf": "hvd_sparse.tensorflow"}

@@ -2,10 +2,17 @@
 
 from .base import GATHER, MODEL, SHARED, TENSOR, UNION, Algorithm, StepContext, StepOutcome
 from .deft import DEFT
+from .dgc import DGC
 from .exdyna import ExDyna
+from .gaussiank import GaussianK
 from .lags import LAGS
 from .micro import MiCRO
+from .randomk import RandomK
+from .threshold import Threshold
 from .topk import TopK
 
-__all__ = ["DEFT", "GATHER", "LAGS", "MODEL", "SHARED", "TENSOR", "UNION", "Algorithm", "ExDyna",
-           "MiCRO", "StepContext", "StepOutcome", "TopK"]
+# Every method, in the order the documentation lists them.
+METHODS = (ExDyna, MiCRO, DEFT, LAGS, TopK, RandomK, Threshold, GaussianK, DGC)
+
+__all__ = ["DEFT", "DGC", "GATHER", "LAGS", "METHODS", "MODEL", "SHARED", "TENSOR", "UNION", "Algorithm",
+           "ExDyna", "GaussianK", "MiCRO", "RandomK", "StepContext", "StepOutcome", "Threshold", "TopK"]

@@ -87,6 +87,11 @@ class Backend:
         """Host bool (synchronizes)."""
         raise NotImplementedError
 
+    def mean_std(self, x: Array) -> tuple[float, float]:
+        """Host floats (synchronizes): the mean of x and its sample standard deviation
+        (n - 1 in the denominator, as ``torch.std``; 0.0 for a single element)."""
+        raise NotImplementedError
+
     def tensors_finite(self, tensors: list[Array]) -> bool:
         """Whether no tensor holds NaN or Inf: one sum per tensor and a single host
         synchronization (a sum is finite exactly when its terms are, short of overflow)."""

@@ -71,6 +71,11 @@ class NumpyBackend(Backend):
     def all_finite(self, x):
         return bool(np.isfinite(x).all())
 
+    def mean_std(self, x):
+        if x.size < 2:
+            return float(np.mean(x)), 0.0
+        return float(np.mean(x)), float(np.std(x, ddof=1))
+
     def tensors_finite(self, tensors):
         return math.isfinite(sum(float(np.sum(t, dtype=np.float64)) for t in tensors))
 

@@ -66,6 +66,14 @@ class TensorFlowBackend(Backend):
     def all_finite(self, x):
         return bool(tf.reduce_all(tf.math.is_finite(x)))
 
+    def mean_std(self, x):
+        n = int(tf.size(x))
+        mean = tf.reduce_mean(x)
+        if n < 2:
+            return float(mean), 0.0
+        centered = x - mean
+        return float(mean), float(tf.sqrt(tf.reduce_sum(centered * centered) / (n - 1)))
+
     def tensors_finite(self, tensors):
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
         return bool(tf.math.is_finite(total))

@@ -74,6 +74,12 @@ class TorchBackend(Backend):
     def all_finite(self, x):
         return bool(torch.isfinite(x).all())
 
+    def mean_std(self, x):
+        if x.numel() < 2:
+            return float(x.float().mean()), 0.0
+        std, mean = torch.std_mean(x)
+        return float(mean), float(std)
+
     def tensors_finite(self, tensors):
         total = torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum()
         return bool(torch.isfinite(total))
@@ -116,7 +122,9 @@ class TorchBackend(Backend):
 
     def scatter(self, n, idx, values, like=None):
         out = torch.zeros(n, dtype=values.dtype, device=values.device)
-        return out.index_add_(0, idx.long(), values)
+        if values.is_cuda:
+            return _ordered_index_add(out, idx.long(), values)
+        return out.index_add_(0, idx.long(), values)  # CPU: sums duplicates in order
 
     def unique(self, idx):
         return torch.unique(idx)
@@ -138,8 +146,9 @@ class TorchBackend(Backend):
         idx = idx.long()
         if not unique:  # sum duplicates in fp32 before any cast to the gradients' dtype
             idx, inverse = torch.unique(idx, return_inverse=True)
-            values = torch.zeros(idx.numel(), dtype=values.dtype, device=values.device).index_add_(
-                0, inverse, values)
+            summed = torch.zeros(idx.numel(), dtype=values.dtype, device=values.device)
+            values = (_ordered_index_add(summed, inverse, values) if values.is_cuda
+                      else summed.index_add_(0, inverse, values))
         if len(tensors) > 1:
             idx, order = torch.sort(idx)
             values = values[order]
@@ -151,3 +160,23 @@ class TorchBackend(Backend):
             if hi > lo:
                 flat.index_put_((idx[lo:hi] - offset,), values[lo:hi].to(t.dtype))
         return list(tensors)
+
+def _ordered_index_add(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
+    """``out.index_add_(0, idx, values)`` with duplicate indices summed in their order in ``idx``.
+
+    CUDA's ``index_add_`` sums duplicates with atomics in a varying order, so two ranks holding
+    the same gathered pairs could round differently and drift apart. Here the k-th occurrence of
+    every index is added in pass k (indices are unique within a pass, so no two additions meet):
+    the result is bitwise reproducible, as on the CPU. Passes: the largest multiplicity, at most
+    the number of ranks for the gather pattern."""
+    if idx.numel() == 0:
+        return out
+    order = torch.argsort(idx, stable=True)
+    sorted_idx, sorted_values = idx[order], values[order]
+    _, counts = torch.unique_consecutive(sorted_idx, return_counts=True)
+    starts = torch.cumsum(counts, 0) - counts
+    occurrence = torch.arange(idx.numel(), device=idx.device) - torch.repeat_interleave(starts, counts)
+    for k in range(int(counts.max())):
+        chosen = occurrence == k
+        out.index_add_(0, sorted_idx[chosen], sorted_values[chosen])
+    return out

@@ -70,6 +70,16 @@ class Bucket:
     nonfinite_steps: int = 0
 
 
+def check_gradient_dtype(key: str, dtype: str) -> None:
+    """Refuse a gradient the engine cannot sparsify; faces call it before any collective (at
+    trace time in TensorFlow) so every rank fails at the same point."""
+    if dtype not in _FLOATS:
+        raise UnsupportedTensorError(
+            f"gradient {key!r} has dtype {dtype}; sparsification needs real floating-point "
+            "gradients (float16, bfloat16, float32, float64): cast the parameter, or leave it out "
+            "of the compressed optimizer")
+
+
 def value_dtype_for(dtypes: tuple[str, ...]) -> str:
     """Values travel in the gradients' own precision when Horovod can move it, else fp32."""
     common = set(dtypes)
@@ -133,6 +143,7 @@ class Engine:
         idx = yield from self.algorithm.select(acc, bucket.control, ctx)
         if b.numel(idx) == 0:  # never send nothing: an empty collective can hang (HOROVOD.md 1.8)
             idx = self.algorithm.fallback(bucket.control, ctx)
+            idx = b.from_numpy(b.to_numpy(idx), like=acc)  # on the gradient's device (a GPU)
         selected = b.numel(idx)
         select_seconds = time.perf_counter() - started
         idx = b.cast(idx, bucket.index_dtype)
@@ -289,10 +300,7 @@ class Engine:
                     "instance serves one model: create a new one for another model")
             return bucket
         for dtype in dtypes:
-            if dtype not in _FLOATS:
-                raise UnsupportedTensorError(
-                    f"gradient {key!r} has dtype {dtype}; sparsification needs floating-point "
-                    "gradients (float16, bfloat16, float32, float64)")
+            check_gradient_dtype(key, dtype)
         sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
         numel = sum(sizes)
         if numel == 0:

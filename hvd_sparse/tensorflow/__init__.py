@@ -13,10 +13,14 @@ from ..faces import face_class
 from .compressor import SparseCompressor, with_model_grouping
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
-MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
 ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)
+MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
 DEFT = face_class(SparseCompressor, algorithms.DEFT, __name__)
 LAGS = face_class(SparseCompressor, algorithms.LAGS, __name__)
+RandomK = face_class(SparseCompressor, algorithms.RandomK, __name__)
+Threshold = face_class(SparseCompressor, algorithms.Threshold, __name__)
+GaussianK = face_class(SparseCompressor, algorithms.GaussianK, __name__)
+DGC = face_class(SparseCompressor, algorithms.DGC, __name__)
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
@@ -28,4 +32,14 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
                                        **with_model_grouping(compression, kwargs))
 
 
-__all__ = ["DEFT", "LAGS", "DistributedGradientTape", "ExDyna", "MiCRO", "SparseCompressor", "TopK"]
+def __getattr__(name: str) -> Any:
+    # The Keras callback loads Keras, which TF users without Keras should not pay for.
+    if name == "CompressionCallback":
+        from .callbacks import CompressionCallback
+
+        return CompressionCallback
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["DEFT", "DGC", "LAGS", "CompressionCallback", "DistributedGradientTape", "ExDyna", "GaussianK",
+           "MiCRO", "RandomK", "SparseCompressor", "Threshold", "TopK"]

@@ -18,24 +18,62 @@ runs it every step; state (residuals, thresholds) stays in Python between steps.
 from __future__ import annotations
 
 import functools
+import sys
 import weakref
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 from tensorflow.python.framework.func_graph import FuncGraph
 
+from .. import monitor
 from ..algorithms.base import TENSOR, Algorithm, check_choice
 from ..backends import get_backend
 from ..comm import Collective, run_blocking
 from ..comm.horovod_tf import HorovodTFComm
 from ..engine import Engine, summarize
-from ..engine.core import NONFINITE_POLICIES
+from ..engine.core import NONFINITE_POLICIES, check_gradient_dtype
 from ..errors import ConfigurationError, RankMismatchError
 from .keras import refuse_keras3_under_horovod_keras
 
 _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
+_OP_NAMES = {hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum", hvd.Min: "hvd.Min", hvd.Max: "hvd.Max",
+             hvd.Product: "hvd.Product"}
+
+
+def refuse_reduction_op(op: Any) -> None:
+    """Raise unless ``op`` (the calling Horovod allreduce's reduction) is Average: a sparsifier
+    returns the average over ranks whatever Horovod is told to compute."""
+    if op is None or op == hvd.Average:
+        return
+    if op == hvd.Adasum:
+        raise ConfigurationError(
+            "op=hvd.Adasum cannot be combined with an hvd_sparse compressor: the Adasum operator "
+            "combines whole dense tensors, which a sparse exchange does not compute. Use "
+            "op=hvd.Average (the default) with hvd_sparse, or Adasum without compression")
+    raise ConfigurationError(
+        f"op={_OP_NAMES.get(op, op)} cannot be combined with an hvd_sparse compressor, which always "
+        "returns the average over ranks: pass op=hvd.Average (the default); for a sum, scale the "
+        "learning rate by hvd.size()")
+
+
+def _calling_allreduce_op(compressor: Any) -> Any:
+    """The reduction op of the Horovod allreduce calling ``compressor.compress``, read from its
+    frame (Horovod passes the tensor alone, HOROVOD.md 1.4): the nearest caller whose locals hold
+    this compressor as ``compression`` and an ``op`` -- ``hvd.allreduce``/``grouped_allreduce``,
+    or the pieces AutoGraph makes of them inside ``tf.function``. None when called otherwise."""
+    frame = sys._getframe(2)
+    for _ in range(12):
+        if frame is None:
+            return None
+        names = frame.f_locals
+        if names.get("compression") is compressor and "op" in names:
+            return names["op"]
+        frame = frame.f_back
+    return None
 
 
 @dataclass
@@ -77,8 +115,14 @@ class SparseCompressor(Compressor):
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inflight: dict[str, Any] = {}
 
+    framework = "tensorflow"
+
     # --- Horovod's interface (trace time) -------------------------------------------------------
+    @tf.autograph.experimental.do_not_convert  # plain Python that builds the graph
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        # Everything that cannot work is refused here, at trace time, on every rank: no
+        # collective of the step has run yet.
+        refuse_reduction_op(_calling_allreduce_op(self))
         if tf.executing_eagerly():
             raise ConfigurationError(
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "
@@ -86,6 +130,7 @@ class SparseCompressor(Compressor):
         refuse_keras3_under_horovod_keras()
         self._ensure_engine()
         trace = self._trace()
+        check_gradient_dtype(getattr(tensor, "name", f"g{len(trace.stash)}"), tensor.dtype.name)
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else tf.float32
         placeholder = tf.zeros([1], dtype=dtype)
         if self.algorithm.scope == TENSOR:  # works whatever Horovod's grouping
@@ -101,6 +146,7 @@ class SparseCompressor(Compressor):
         trace.stash.append(tensor)
         return placeholder, len(trace.stash) - 1
 
+    @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
         if self.algorithm.scope == TENSOR:
             out = ctx
@@ -112,12 +158,36 @@ class SparseCompressor(Compressor):
         with tf.control_dependencies([tensor]):  # keep Horovod's placeholder allreduce in the graph
             return tf.identity(out)
 
-    # --- statistics and checkpoints -------------------------------------------------------------
+    # --- schedules, statistics and checkpoints ---------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Tell a method with an epoch schedule (DGC's density warm-up) that ``epoch`` (0-based)
+        starts; call it on every rank (``CompressionCallback`` does for Keras). It takes effect
+        at the next step without re-tracing. Methods without a schedule ignore it."""
+        hook = getattr(self.algorithm, "set_epoch", None)
+        if hook is not None:
+            hook(epoch)
+
     def stats(self) -> dict:
         """Statistics of the last step on this rank (see README, "Statistics")."""
         if self._engine is None:
             return summarize([], self.algorithm.density)
         return self._engine.stats()
+
+    def average_stats(self, keys: Sequence[str] = monitor.DEFAULT_KEYS) -> dict[str, float]:
+        """The mean over ranks of the chosen statistics, on every rank. One named allreduce
+        (eager, outside ``tf.function``): every rank must call it at the same point."""
+        if not tf.executing_eagerly():
+            raise ConfigurationError("average_stats runs eagerly: call it outside tf.function")
+        values = tf.constant(monitor.stat_vector(self.stats(), keys), dtype=tf.float64)
+        self._ensure_engine()
+        summed = hvd.allreduce(values, op=hvd.Sum, name=f"{self.prefix}.stats",
+                               process_set=self._comm.process_set)
+        return monitor.mean_over_ranks(keys, summed.numpy().tolist(), self._comm.size)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the compressor's process set."""
+        return self._ensure_engine().rank
 
     def state_dict(self) -> dict:
         """This rank's state (residuals and control state); save one file per rank."""

@@ -25,23 +25,49 @@ optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without 
 
 from __future__ import annotations
 
+import sys
 import time
 import warnings
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Any
 
+import horovod.torch as hvd
 import torch
 from horovod.torch.compression import Compressor
+from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
+from .. import monitor
 from ..algorithms.base import Algorithm, check_choice
 from ..backends import get_backend
 from ..comm import run_blocking
 from ..comm.horovod_torch import AsyncProtocols, HorovodTorchComm
 from ..engine import Engine, summarize
-from ..engine.core import NONFINITE_POLICIES
+from ..engine.core import NONFINITE_POLICIES, check_gradient_dtype
 from ..errors import ConfigurationError
 
 _PLACEHOLDER_DTYPES = (torch.float16, torch.float32, torch.float64)
+_SPARSIFIABLE = (*_PLACEHOLDER_DTYPES, torch.bfloat16)
+# Horovod's Adasum optimizer calls compress on parameter deltas from this function.
+_ADASUM_COMPRESS_CALLER = _DistributedAdasumOptimizer._allreduce_grad_async.__code__
+_OP_NAMES = {hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum", hvd.Min: "hvd.Min", hvd.Max: "hvd.Max",
+             hvd.Product: "hvd.Product"}
+
+
+def refuse_reduction_op(op: Any) -> None:
+    """Raise unless ``op`` (the calling Horovod optimizer's reduction) is Average: a sparsifier
+    returns the average over ranks whatever Horovod is told to compute."""
+    if op is None or op == hvd.Average:
+        return
+    if op == hvd.Adasum:
+        raise ConfigurationError(
+            "op=hvd.Adasum cannot be combined with an hvd_sparse compressor: Adasum's optimizer "
+            "compresses parameter deltas (not gradients) and combines them with the Adasum "
+            "operator, which a sparse exchange does not compute. Use op=hvd.Average (the default) "
+            "with hvd_sparse, or Adasum without compression")
+    raise ConfigurationError(
+        f"op={_OP_NAMES.get(op, op)} cannot be combined with an hvd_sparse compressor, which always "
+        "returns the average over ranks: pass op=hvd.Average (the default); for a sum, scale the "
+        "learning rate by hvd.size()")
 
 
 class SparseCompressor(Compressor):
@@ -85,8 +111,15 @@ class SparseCompressor(Compressor):
         self._ordinal = 0
         self._warned_unmatched = False
 
+    framework = "torch"
+
     # --- Horovod's interface --------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        # Refuse what cannot work before anything else: every rank fails here, none has issued a
+        # collective of this step.
+        refuse_reduction_op(self._calling_optimizer_op())
+        if tensor.dtype not in _SPARSIFIABLE:
+            check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
         engine, protocols = self._ensure_engine()
         if self._outstanding == 0:  # first gradient of a new step
             self._measuring = engine.measuring() and tensor.is_cuda
@@ -123,7 +156,14 @@ class SparseCompressor(Compressor):
         bucket, position = self._bucket_of[ctx]
         return protocols.results[bucket][position]
 
-    # --- statistics and checkpoints -------------------------------------------------------------
+    # --- schedules, statistics and checkpoints ---------------------------------------------------
+    def set_epoch(self, epoch: int) -> None:
+        """Tell a method with an epoch schedule (DGC's density warm-up) that ``epoch`` (0-based)
+        starts; call it on every rank. Methods without one ignore it."""
+        hook = getattr(self.algorithm, "set_epoch", None)
+        if hook is not None:
+            hook(epoch)
+
     def stats(self) -> dict:
         """Statistics of the last step on this rank (see README, "Statistics")."""
         if self._engine is None:
@@ -145,6 +185,20 @@ class SparseCompressor(Compressor):
         return {key: (issued - began, None if done is None else done - began)
                 for key, (issued, done) in self._protocols.timeline().items()}
 
+    def average_stats(self, keys: Sequence[str] = monitor.DEFAULT_KEYS) -> dict[str, float]:
+        """The mean over ranks of the chosen statistics, on every rank. One named allreduce:
+        every rank must call it, at the same point of training."""
+        values = torch.tensor(monitor.stat_vector(self.stats(), keys), dtype=torch.float64)
+        comm = self._ensure_engine()[1].comm
+        summed = hvd.allreduce(values, op=hvd.Sum, name=f"{self.prefix}.stats",
+                               process_set=comm.process_set)
+        return monitor.mean_over_ranks(keys, summed.tolist(), comm.size)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the compressor's process set."""
+        return self._ensure_engine()[0].rank
+
     def state_dict(self) -> dict:
         """This rank's state (residuals and control state); save one file per rank."""
         return self._ensure_engine()[0].state_dict()
@@ -156,6 +210,27 @@ class SparseCompressor(Compressor):
         return f"hvd_sparse.torch.{self.algorithm!r}"
 
     # --- internals --------------------------------------------------------------------------------
+    def _calling_optimizer_op(self) -> Any:
+        """The reduction op of the Horovod optimizer calling ``compress``, read from its frame:
+        Horovod passes the tensor alone (HOROVOD.md 1.3). None when called otherwise."""
+        frame = sys._getframe(2)
+        for _ in range(4):  # compress <- [list comprehension <-] _(grouped_)allreduce_grad_async
+            if frame is None:
+                return None
+            if frame.f_code is _ADASUM_COMPRESS_CALLER:
+                return hvd.Adasum
+            owner = frame.f_locals.get("self")
+            if owner is not None and getattr(owner, "_compression", None) is self:
+                return getattr(owner, "op", None)
+            frame = frame.f_back
+        return None
+
+    def _describe(self, tensor: torch.Tensor) -> str:
+        for name, param in self._params_by_numel.get(tensor.numel(), ()):
+            if param.grad is tensor:
+                return name
+        return f"of shape {tuple(tensor.shape)}"
+
     def _ensure_engine(self) -> tuple[Engine, AsyncProtocols]:
         if self._engine is None:
             comm = HorovodTorchComm(self.process_set)

@@ -55,6 +55,10 @@ def test_bulk_ops_match_numpy(backend):
     assert ref.count_in_ranges(spread, bounds).tolist() == [3, 2, 1, 2]
     duplicate = backend.copy(t)
     same(duplicate, x)
+    mean, std = backend.mean_std(t)
+    assert mean == pytest.approx(ref.mean_std(x)[0], rel=1e-4, abs=1e-6)
+    assert std == pytest.approx(ref.mean_std(x)[1], rel=1e-5)
+    assert backend.mean_std(backend.from_numpy(x[:1])) == (pytest.approx(float(x[0])), 0.0)
     assert backend.all_finite(t) and not backend.all_finite(backend.from_numpy(np.array([1.0, np.inf])))
     residual = backend.zeros(12)
     pieces = [x[:6].reshape(2, 3), x[6:12]]
@@ -131,3 +135,17 @@ def test_segment_norms_match_numpy(backend):
     half = backend.cast(backend.from_numpy(x), "float16")
     np.testing.assert_allclose(backend.segment_norms(half, lengths),
                                ref.segment_norms(x.astype(np.float16), lengths), rtol=1e-14)
+
+def test_torch_ordered_scatter_sums_duplicates_in_order():
+    """The CUDA scatter path (run here on the CPU): bitwise what NumPy's in-order sum gives."""
+    torch = pytest.importorskip("torch")
+    from hvd_sparse.backends.torch_backend import _ordered_index_add
+
+    rng = np.random.default_rng(3)
+    idx = np.concatenate([rng.choice(500, 60, replace=False) for _ in range(4)])  # 4 ranks' picks
+    values = (rng.standard_normal(idx.size) * 10.0 ** rng.integers(-4, 4, idx.size)).astype(np.float32)
+    expected = np.zeros(500, np.float32)
+    np.add.at(expected, idx, values)
+    got = _ordered_index_add(torch.zeros(500), torch.from_numpy(idx), torch.from_numpy(values))
+    np.testing.assert_array_equal(got.numpy(), expected)
+    assert _ordered_index_add(torch.zeros(3), torch.zeros(0, dtype=torch.long), torch.zeros(0)).sum() == 0

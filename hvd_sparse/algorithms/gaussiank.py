@@ -1,0 +1,151 @@
+"""Gaussian-k with error feedback (ALGORITHMS.md 6.3).
+
+Each rank models the entries of its accumulated vector ``a = g + e`` as Gaussian, takes the
+two-sided tail threshold ``λ = μ + σ·Φ⁻¹(1 − ρ/2)`` (μ, σ: mean and sample standard deviation of
+the signed ``a``) that would leave k = floor(ρ·n) entries above it, and refines λ until the
+count is near k. Selection is O(n) per loop instead of top-k's O(n log k). What is not sent
+stays in the residual; aggregation is the allgather of (index, value) pairs.
+
+Refinement (``variant``):
+
+* ``"original"`` (paper mode: the authors' ``GaussianCompressor``): up to ``max_loops=100``
+  loops over a shrinking candidate set. Let c be the count of candidates with ``|a| > λ`` plus
+  those kept earlier. If c < 2k/3, keep those candidates, remove them from the candidate set and
+  set λ ×= 0.1; if c > 4k/3, restrict the candidates to them and set λ ×= 2; otherwise keep them
+  and stop. If the last loop found too many and fewer than 2k/3 are kept, the remaining
+  candidates are kept too.
+* ``"rescale"`` (option: the simpler loop of ``GaussianCompressor2`` and the SIDCo
+  re-implementation, without their bookkeeping quirks): λ ×= 0.5 while fewer than 2k/3 entries
+  exceed it, ×= 1.5 while more than 4k/3 do, for at most ``max_loops`` loops (default 3, SIDCo's);
+  then every entry with ``|a| > λ`` is sent.
+
+The count is therefore only approximately k. ``stats()["threshold"]`` is the last λ (averaged
+over buckets).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ConfigurationError
+from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext
+
+VARIANTS = ("original", "rescale")
+_DEFAULT_LOOPS = {"original": 100, "rescale": 3}
+
+
+@dataclass
+class GaussianControl:
+    threshold: float | None = None   # the last λ this rank used for the bucket
+
+
+def strictly_above(threshold: float, dtype: str) -> float:
+    """The smallest value of ``dtype`` greater than ``threshold`` rounded to ``dtype``, so that
+    ``x >= strictly_above(t)`` is ``x > t`` as a framework compares a tensor with a Python float."""
+    t = np.dtype(dtype).type(threshold)
+    return float(np.nextafter(t, np.dtype(dtype).type(np.inf)))
+
+
+class GaussianK(Algorithm):
+    """Error-feedback Gaussian-k.
+
+    Args:
+        density: target fraction of entries each rank sends per step, in (0, 1]; k = floor(density
+            * n), at least 1. The count sent is only approximately k.
+        variant: "original" (paper mode) or "rescale" (see module docstring).
+        max_loops: refinement loops at most (default 100 for "original", 3 for "rescale").
+        scope: "tensor" (per gradient tensor) or "model" (the whole model).
+    """
+
+    name = "gaussiank"
+    patterns = (GATHER,)
+    scopes = (TENSOR, MODEL)
+
+    def __init__(self, density: float = 0.01, *, variant: str = "original", max_loops: int | None = None,
+                 scope: str = TENSOR):
+        super().__init__(density, scope=scope)
+        if variant not in VARIANTS:
+            raise ConfigurationError(f"variant must be one of {VARIANTS}, got {variant!r}")
+        if max_loops is None:
+            max_loops = _DEFAULT_LOOPS[variant]
+        if isinstance(max_loops, bool) or not isinstance(max_loops, int) or max_loops < 0:
+            raise ConfigurationError(f"max_loops must be a non-negative integer, got {max_loops!r}")
+        self.variant = variant
+        self.max_loops = max_loops
+
+    def initial_threshold(self, mean: float, std: float) -> float:
+        """λ = μ + σ·Φ⁻¹(1 − ρ/2): the upper edge of the two-sided Gaussian tail of mass ρ."""
+        return mean + std * statistics.NormalDist().inv_cdf(1.0 - self.density / 2.0)
+
+    def init_control(self, ctx: StepContext) -> GaussianControl:
+        return GaussianControl()
+
+    def select_local(self, acc: Any, control: GaussianControl, ctx: StepContext) -> Any:
+        b = ctx.backend
+        k = self.k(ctx.numel)
+        mean, std = b.mean_std(acc)
+        threshold = self.initial_threshold(mean, std)
+        magnitude = b.abs(acc)
+        if self.variant == "rescale":
+            idx, threshold = self._rescale(magnitude, threshold, k, b.dtype_name(acc), b)
+        else:
+            idx, threshold = self._original(magnitude, threshold, k, b.dtype_name(acc), ctx)
+        control.threshold = threshold
+        return idx
+
+    def _original(self, magnitude: Any, threshold: float, k: int, dtype: str, ctx: StepContext
+                  ) -> tuple[Any, float]:
+        b = ctx.backend
+        candidates = magnitude                         # values of the candidates ...
+        positions = b.arange(0, ctx.numel, like=magnitude)  # ... and where they are in the bucket
+        kept: list = []
+        n_kept = 0
+        last_too_many = False
+        for _ in range(self.max_loops):
+            above = b.indices_where_at_least(candidates, strictly_above(threshold, dtype))
+            count = n_kept + b.numel(above)
+            last_too_many = False
+            if count < 2 * k / 3:
+                kept.append(b.take(positions, above))
+                n_kept += b.numel(above)
+                # Remove them from the candidates. λ keeps its sign (it is only ever scaled by
+                # positive factors): for λ >= 0 a zeroed candidate never exceeds it again; for
+                # λ < 0 every candidate was above it, so none is left.
+                if threshold >= 0:
+                    candidates = b.zero_at(candidates, above)
+                else:
+                    nothing = b.arange(0, 0, like=magnitude)
+                    candidates, positions = b.take(candidates, nothing), b.take(positions, nothing)
+                threshold *= 0.1
+            elif count > 4 * k / 3:
+                last_too_many = True
+                candidates = b.take(candidates, above)
+                positions = b.take(positions, above)
+                threshold *= 2.0
+            else:
+                kept.append(b.take(positions, above))
+                n_kept += b.numel(above)
+                break
+        if last_too_many and n_kept < 2 * k / 3:
+            kept.append(positions)
+        if not kept:
+            return b.arange(0, 0, like=magnitude), threshold
+        return b.concat(kept), threshold
+
+    def _rescale(self, magnitude: Any, threshold: float, k: int, dtype: str, b: Any) -> tuple[Any, float]:
+        for _ in range(self.max_loops):
+            count = b.numel(b.indices_where_at_least(magnitude, strictly_above(threshold, dtype)))
+            if count < 2 * k / 3:
+                threshold *= 0.5
+            elif count > 4 * k / 3:
+                threshold *= 1.5
+            else:
+                break
+        return b.indices_where_at_least(magnitude, strictly_above(threshold, dtype)), threshold
+
+    def control_stats(self, control: GaussianControl) -> dict:
+        return {} if control.threshold is None else {"threshold": control.threshold}
