@@ -249,9 +249,12 @@ class Engine:
         return self.backend.scale(values, 1.0 / self.size) if self.size > 1 else values
 
     def _ride(self, values: Any, extra: Any) -> Any:
+        """The values with the algorithm's riders appended, on the values' device and dtype."""
         if extra is None:
             return values
-        return self.backend.concat([values, self.backend.cast(extra, self.backend.dtype_name(values))])
+        b = self.backend
+        riders = b.from_numpy(b.to_numpy(extra).astype(b.dtype_name(values)), like=values)
+        return b.concat([values, riders])
 
     def _unride(self, received: Any, extra: Any) -> tuple[Any, Any]:
         """Split the allreduced values from the riders' sums (returned as NumPy)."""

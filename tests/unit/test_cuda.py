@@ -10,7 +10,17 @@ import pytest
 torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-from hvd_sparse.algorithms import DGC, GaussianK, RandomK, Threshold, TopK  # noqa: E402
+from hvd_sparse.algorithms import (  # noqa: E402
+    DEFT,
+    DGC,
+    LAGS,
+    ExDyna,
+    GaussianK,
+    MiCRO,
+    RandomK,
+    Threshold,
+    TopK,
+)
 from hvd_sparse.backends import get_backend  # noqa: E402
 from hvd_sparse.comm.local import LocalGroup  # noqa: E402
 from hvd_sparse.engine import Engine  # noqa: E402
@@ -22,6 +32,10 @@ DETERMINISTIC = [  # same decisions on every backend: compared with NumPy exactl
     lambda: RandomK(0.05, seed=3), lambda: RandomK(0.05, shared_seed=True),
     lambda: Threshold(0.05), lambda: Threshold(0.05, threshold=0.5, pattern="union", scope="tensor"),
     lambda: Threshold(0.05, threshold=1e6),  # nothing passes: the fallback index, on the GPU
+    lambda: ExDyna(0.05), lambda: ExDyna(0.05, threshold="tracking"),
+    lambda: ExDyna(0.05, rebalance="neighbour"), lambda: MiCRO(0.05),
+    lambda: ExDyna(0.5, threshold="tracking", band="symmetric"),  # heavy rebalancing
+    lambda: DEFT(0.05), lambda: DEFT(0.05, agreed_k=True), lambda: LAGS(0.05, merge_threshold=0),
 ]
 ITERATIVE = [lambda: GaussianK(0.05), lambda: GaussianK(0.05, variant="rescale"),
              lambda: DGC(0.05, clip_norm=5.0), lambda: DGC(0.05, nesterov=True, warmup_epochs=1)]
@@ -33,11 +47,11 @@ def batches():
             for _ in range(STEPS)]
 
 
-def run(make, backend_name, data):
+def run(make, backend_name, data, in_place=False):
     """Every step's outputs and final residuals (NumPy), plus the engines."""
     b = get_backend(backend_name)
     algorithm = make()
-    engines = [Engine(algorithm, b, r, SIZE) for r in range(SIZE)]
+    engines = [Engine(algorithm, b, r, SIZE, write_into_inputs=in_place) for r in range(SIZE)]
     group = LocalGroup(SIZE, b)
     keys = ["model"] if algorithm.scope == "model" else [f"t{i}" for i in range(len(SHAPES))]
     outputs = []
@@ -55,11 +69,12 @@ def run(make, backend_name, data):
     return outputs, residuals, engines
 
 
+@pytest.mark.parametrize("in_place", [False, True], ids=["allocate", "in-place"])
 @pytest.mark.parametrize("make", DETERMINISTIC, ids=lambda make: repr(make()))
-def test_deterministic_methods_match_numpy_on_the_gpu(make):
+def test_deterministic_methods_match_numpy_on_the_gpu(make, in_place):
     data = batches()
     expected, expected_residuals, _ = run(make, "numpy", data)
-    got, got_residuals, _ = run(make, "torch", data)
+    got, got_residuals, _ = run(make, "torch", data, in_place)
     for a, b in zip(expected, got, strict=True):
         for ra, rb in zip(a, b, strict=True):
             for ta, tb in zip(ra, rb, strict=True):
