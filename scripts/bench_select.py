@@ -1,22 +1,34 @@
-"""Per-rank compression cost versus the memory-bound floor, measured side by side in one run.
+"""Per-rank compression cost of every method versus the memory-bound floor, side by side.
 
-For each vector size n and world size N, N simulated ranks (torch backend, one thread, the
-engine exactly as in a real job) run a method's step on heavy-tailed per-rank gradients; the
-time each rank spends in its own protocol (everything but the simulated collectives: error
-feedback, selection, reconstruction, statistics bookkeeping) is compared with the floor measured
-in the same process: ``torch.add(g, e, out=a)`` on n floats (read g, read e, write a). Reported
-per configuration: median over repeats of the per-rank time, method / floor, method / top-k.
+For each vector size n and world size N, N simulated ranks (torch backend, one thread per rank,
+the engine exactly as in a real job, writing the average into the gradient tensors as the torch
+face does) run a method's step on heavy-tailed per-rank gradients. The time each rank spends in
+its own protocol -- error feedback, the finite check, selection, reconstruction, bookkeeping;
+everything but the simulated collectives -- is compared with the floor measured in the same
+process: ``torch.add(g, e, out=a)`` over n floats (read g, read e, write a). Reported per
+configuration: the median over repeats of the per-rank time, method / floor, method / top-k.
+Thresholded methods are measured at their target density (ExDyna and MiCRO with
+``threshold="tracking"``, which settles within the warm-up; the paper rule would take hundreds
+of steps and select far more meanwhile, which is a different cost).
 
-    python scripts/bench_select.py --sizes 1e6 25e6 --world-sizes 4 --methods exdyna topk \\
-        --repeats 5 --out bench_select.json
+Two sweeps: every method over the sizes at one world size, and the exclusive methods (whose
+selection scans n/N entries) against top-k over world sizes at the largest size.
+
+    python scripts/bench_select.py --quick                       # ~2 minutes, what `make bench` runs
+    python scripts/bench_select.py --sizes 1e5 1e6 1e7 25e6 1e8 --world-sizes 1 2 4 8 16 \\
+        --repeats 7 --out-dir bench                              # the full run
+    python scripts/bench_select.py --device cuda --sizes 25e6 1e8 ...   # on a GPU
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import resource
 import statistics
 import time
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -26,37 +38,54 @@ from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 
-# At the target density: the tracking threshold settles within ~10 steps (paper mode would take
-# hundreds, selecting far more meanwhile, which is a different cost).
-DEFAULT_OPTIONS = {"topk": {"scope": "model"}, "exdyna": {"threshold": "tracking"},
-                   "micro": {"threshold": "tracking"}}
-WARMUP = 15
+METHODS = ["exdyna", "micro", "deft", "lags", "topk", "randomk", "threshold", "gaussiank", "dgc"]
+N_SWEEP_METHODS = ["exdyna", "micro", "deft", "topk"]
+OPTIONS = {"topk": {"scope": "model"}, "exdyna": {"threshold": "tracking"},
+           "micro": {"threshold": "tracking"}, "randomk": {"scope": "model"},
+           "gaussiank": {"scope": "model"}, "dgc": {"scope": "model"}}
+WARMUP = 12
 
 
-def floor_seconds(n: int, repeats: int) -> float:
-    g, e, a = torch.randn(n), torch.randn(n), torch.empty(n)
+def sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def floor_seconds(n: int, repeats: int, device: str) -> float:
+    g, e, a = (torch.randn(n, device=device) for _ in range(3))
     times = []
     for _ in range(repeats + 1):
+        sync(device)
         started = time.perf_counter()
         torch.add(g, e, out=a)
+        sync(device)
         times.append(time.perf_counter() - started)
     return statistics.median(times[1:])
 
 
-def method_seconds(method: str, n: int, size: int, density: float, repeats: int, seed: int = 0) -> dict:
+def gradients(n: int, size: int, device: str, seed: int = 0) -> list[torch.Tensor]:
+    """Heavy tails and 64 "layers" of different scale, like real gradients."""
+    generator = torch.Generator().manual_seed(seed)
+    scale = torch.exp(torch.randn(64, generator=generator)).repeat_interleave(-(-n // 64))[:n]
+    return [(torch.distributions.StudentT(3.0).sample((n,)) * scale * 1e-3).to(device)
+            for _ in range(size)]
+
+
+def method_seconds(method: str, n: int, size: int, density: float, repeats: int, device: str) -> dict:
     backend = get_backend("torch")
-    algorithm = hvd_sparse.create(method, density=density, **DEFAULT_OPTIONS.get(method, {}))
+    algorithm = hvd_sparse.create(method, density=density, **OPTIONS.get(method, {}))
     engines = [Engine(algorithm, backend, rank, size, write_into_inputs=True) for rank in range(size)]
     group = LocalGroup(size, backend)
-    generator = torch.Generator().manual_seed(seed)
-    # Heavy tails and a few "layers" of different scale, like real gradients.
-    scale = torch.exp(torch.randn(64, generator=generator)).repeat_interleave(-(-n // 64))[:n]
-    grads = [torch.distributions.StudentT(3.0).sample((n,)) * scale * 1e-3 for _ in range(size)]
+    grads = gradients(n, size, device)
+    inputs = [g.clone() for g in grads]
     per_step, densities = [], []
-    for step in range(repeats + WARMUP):   # warm-up: allocations, threshold settling
+    for step in range(repeats + WARMUP):
+        for g, x in zip(grads, inputs, strict=True):   # the engine writes the average into x
+            x.copy_(g)
+        sync(device)
         group.seconds = [0.0] * size
-        inputs = [g.clone() for g in grads]   # the engine writes the average into its inputs
         group.run([engine.step("model", [inputs[r]]) for r, engine in enumerate(engines)])
+        sync(device)
         if step >= WARMUP:
             per_step.append(statistics.median(group.seconds))
             densities.append(engines[0].stats()["density_actual"])
@@ -64,67 +93,148 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
             "density": float(np.mean(densities))}
 
 
-def memory_overhead(method: str, n: int, size: int, density: float) -> float:
-    """Peak resident memory the engines add (residuals and temporaries), per rank, in fp32
-    copies of the model; measured from the process's peak RSS, so run it first."""
-    import resource
-
-    backend = get_backend("torch")
-    grads = [torch.randn(n) * 1e-3 for _ in range(size)]
+def memory_overhead(n: int, size: int, density: float, device: str) -> float | None:
+    """Peak memory ExDyna's engines add (residuals and temporaries), per rank, in fp32 copies of
+    the model: CPU from the process's peak RSS (so run it first), GPU from the allocator."""
+    if device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    grads = gradients(n, size, device)
     inputs = [g.clone() for g in grads]
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    algorithm = hvd_sparse.create(method, density=density, **DEFAULT_OPTIONS.get(method, {}))
-    engines = [Engine(algorithm, backend, rank, size, write_into_inputs=True) for rank in range(size)]
-    group = LocalGroup(size, backend)
+    before = (torch.cuda.max_memory_allocated() if device == "cuda"
+              else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
+    algorithm = hvd_sparse.create("exdyna", density=density, threshold="tracking")
+    engines = [Engine(algorithm, get_backend("torch"), r, size, write_into_inputs=True) for r in range(size)]
+    group = LocalGroup(size, get_backend("torch"))
     for _ in range(5):
         for g, x in zip(grads, inputs, strict=True):
             x.copy_(g)
         group.run([engine.step("model", [inputs[r]]) for r, engine in enumerate(engines)])
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = (torch.cuda.max_memory_allocated() if device == "cuda"
+            else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
     return (peak - before) / size / (4 * n)
+
+
+def fits(n: int, size: int, device: str) -> bool:
+    """Gradients, inputs and residuals of every simulated rank: about 3 vectors each."""
+    need = 3 * 4 * n * size * 1.3
+    if device == "cuda":
+        return need < torch.cuda.get_device_properties(0).total_memory * 0.8
+    return need < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 0.7
+
+
+def measure(methods: list[str], n: int, size: int, args, floors: dict) -> dict:
+    if n not in floors:
+        floors[n] = floor_seconds(n, args.repeats * 4, args.device)
+    row = {"n": n, "world_size": size, "floor_seconds": floors[n], "methods": {}}
+    for method in methods:
+        row["methods"][method] = method_seconds(method, n, size, args.density, args.repeats, args.device)
+    topk = row["methods"].get("topk", {}).get("seconds")
+    for method, m in row["methods"].items():
+        m["over_floor"] = m["seconds"] / floors[n]
+        m["over_topk"] = m["seconds"] / topk if topk else None
+        print(f"n={n:>11,} N={size:<4} {method:<10} {m['seconds'] * 1e3:9.2f} ms  x floor "
+              f"{m['over_floor']:7.2f}  x topk {m['over_topk'] or float('nan'):6.3f}  "
+              f"density {m['density']:.5f}", flush=True)
+    return row
+
+
+def write_report(result: dict, out_dir: Path) -> None:
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "select.json").write_text(json.dumps(result, indent=1))
+    lines = [f"Per-rank step cost (ms) and its ratio to the floor `a = g + e` on the same bytes; "
+             f"density {result['density']}, device {result['device']}, one thread per rank; "
+             f"median of {result['repeats']} steps after {WARMUP} warm-up steps.", ""]
+    size = result["world_size"]
+    rows = [r for r in result["sizes"] if r["world_size"] == size]
+    lines.append("| method | " + " | ".join(f"n = {r['n']:.0e}" for r in rows) + " |")
+    lines.append("|---|" + "---|" * len(rows))
+    lines.append("| floor | " + " | ".join(f"{r['floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
+    for method in result["methods"]:
+        cells = [f"{r['methods'][method]['seconds'] * 1e3:.2f} ({r['methods'][method]['over_floor']:.1f}x)"
+                 if method in r["methods"] else "-" for r in rows]
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
+    lines += ["", f"At N = {size}; in parentheses: x floor.", ""]
+    sweep = result["world_sizes"]
+    if sweep:
+        lines.append(f"Versus world size at n = {sweep[0]['n']:.0e} (per-rank ms, x floor):")
+        lines.append("")
+        lines.append("| method | " + " | ".join(f"N = {r['world_size']}" for r in sweep) + " |")
+        lines.append("|---|" + "---|" * len(sweep))
+        for method in sweep[0]["methods"]:
+            lines.append(f"| {method} | " + " | ".join(
+                f"{r['methods'][method]['seconds'] * 1e3:.2f} ({r['methods'][method]['over_floor']:.2f}x)"
+                for r in sweep) + " |")
+        lines.append("")
+    if result.get("memory_copies_per_rank") is not None:
+        lines.append(f"ExDyna's memory overhead: {result['memory_copies_per_rank']:.2f} fp32 copies of "
+                     f"the model per rank (residual and selection temporaries).")
+    (out_dir / "select.md").write_text("\n".join(lines) + "\n")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    figure, axes = plt.subplots(1, 2 if sweep else 1, figsize=(12 if sweep else 6, 4.5), squeeze=False)
+    ax = axes[0][0]
+    for method in result["methods"]:
+        points = [(r["n"], r["methods"][method]["over_floor"]) for r in rows if method in r["methods"]]
+        ax.loglog(*zip(*points, strict=True), marker="o", label=method)
+    ax.set_xlabel("elements n")
+    ax.set_ylabel("per-rank step / floor")
+    ax.set_title(f"N = {size}")
+    ax.legend(fontsize=7)
+    if sweep:
+        ax = axes[0][1]
+        for method in sweep[0]["methods"]:
+            ax.loglog([r["world_size"] for r in sweep],
+                      [r["methods"][method]["seconds"] * 1e3 for r in sweep], marker="o", label=method)
+        ax.set_xlabel("world size N")
+        ax.set_ylabel("per-rank step (ms)")
+        ax.set_title(f"n = {sweep[0]['n']:.0e}")
+        ax.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out_dir / "select.png", dpi=110)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--sizes", type=float, nargs="+", default=[1e6, 25e6])
-    parser.add_argument("--world-sizes", type=int, nargs="+", default=[4])
-    parser.add_argument("--methods", nargs="+", default=["exdyna", "micro", "topk"])
+    parser.add_argument("--sizes", type=float, nargs="+", default=[1e5, 1e6, 1e7, 25e6])
+    parser.add_argument("--world-size", type=int, default=4, help="for the method sweep")
+    parser.add_argument("--world-sizes", type=int, nargs="*", default=[1, 2, 4, 8],
+                        help="for the sweep over N at the largest size")
+    parser.add_argument("--methods", nargs="+", default=METHODS)
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--out", default=None)
-    parser.add_argument("--memory", action="store_true",
-                        help="first measure ExDyna's per-rank memory overhead at the largest size")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--quick", action="store_true", help="1e6 and 25e6 elements, N in 1 2 4 8")
+    parser.add_argument("--out-dir", default="bench")
     args = parser.parse_args()
+    if args.quick:
+        args.sizes, args.world_sizes, args.repeats = [1e6, 25e6], [1, 2, 4, 8], 3
     torch.set_num_threads(1)   # one core per rank, as on a real node
-
-    memory = None
-    if args.memory:
-        n, size = int(max(args.sizes)), max(args.world_sizes)
-        memory = memory_overhead("exdyna", n, size, args.density)
-        print(f"exdyna memory overhead at n={n:,} N={size}: {memory:.2f} fp32 model copies per rank",
-              flush=True)
-    results = []
-    for n in (int(s) for s in args.sizes):
-        floor = floor_seconds(n, args.repeats * 4)
-        for size in args.world_sizes:
-            row = {"n": n, "world_size": size, "floor_seconds": floor, "methods": {}}
-            for method in args.methods:
-                row["methods"][method] = method_seconds(method, n, size, args.density, args.repeats)
-            baseline = row["methods"].get("topk", {}).get("seconds")
-            for method, m in row["methods"].items():
-                m["over_floor"] = m["seconds"] / floor
-                m["over_topk"] = m["seconds"] / baseline if baseline else None
-                print(f"n={n:>11,} N={size:<4} {method:<8} {m['seconds'] * 1e3:9.2f} ms  "
-                      f"x floor {m['over_floor']:6.2f}  x topk "
-                      f"{m['over_topk'] if m['over_topk'] is None else round(m['over_topk'], 3)}  "
-                      f"density {m['density']:.5f}", flush=True)
-            print(f"n={n:>11,} N={size:<4} floor    {floor * 1e3:9.2f} ms  (torch.add(g, e, out=a))",
-                  flush=True)
-            results.append(row)
-    if args.out:
-        with open(args.out, "w") as f:
-            json.dump({"density": args.density, "threads": 1, "memory_copies_per_rank": memory,
-                       "results": results}, f, indent=1)
+    sizes = [int(s) for s in args.sizes]
+    largest = max(sizes)
+    memory = memory_overhead(largest, args.world_size, args.density, args.device)
+    print(f"exdyna memory overhead at n={largest:,} N={args.world_size}: {memory:.2f} fp32 copies/rank",
+          flush=True)
+    floors: dict = {}
+    result = {"density": args.density, "device": args.device, "repeats": args.repeats,
+              "world_size": args.world_size, "methods": args.methods,
+              "memory_copies_per_rank": memory, "sizes": [], "world_sizes": []}
+    for n in sizes:
+        if fits(n, args.world_size, args.device):
+            result["sizes"].append(measure(args.methods, n, args.world_size, args, floors))
+        else:
+            print(f"n={n:,} N={args.world_size}: skipped, does not fit in memory", flush=True)
+    for size in args.world_sizes:
+        if fits(largest, size, args.device):
+            methods = [m for m in N_SWEEP_METHODS if m in args.methods]
+            result["world_sizes"].append(measure(methods, largest, size, args, floors))
+        else:
+            print(f"n={largest:,} N={size}: skipped, does not fit in memory", flush=True)
+    write_report(result, Path(args.out_dir))
 
 
 if __name__ == "__main__":

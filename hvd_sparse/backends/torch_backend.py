@@ -15,6 +15,9 @@ _DTYPES = {
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
+_NORM_CHUNK = 1 << 20
+
+
 class TorchBackend(Backend):
     name = "torch"
 
@@ -66,10 +69,19 @@ class TorchBackend(Backend):
         return float(torch.dot(x.double(), x.double()))
 
     def segment_norms(self, x, lengths):
-        # One reduction kernel over all segments; squares summed in float64.
-        lengths_t = torch.tensor(list(lengths), dtype=torch.int64, device=x.device)
-        sums = torch.segment_reduce(x.to(torch.float64).square(), "sum", lengths=lengths_t)
-        return sums.sqrt().cpu().numpy()
+        # Squares summed in float64 (every backend then rounds alike), converting one chunk at a
+        # time: a float64 copy of a whole model costs ten times the arithmetic.
+        sums, lo = [], 0
+        for length in lengths:
+            total = torch.zeros((), dtype=torch.float64, device=x.device)
+            for start in range(lo, lo + length, _NORM_CHUNK):
+                piece = x[start:min(start + _NORM_CHUNK, lo + length)].to(torch.float64)
+                total += torch.dot(piece, piece)
+            sums.append(total)
+            lo += length
+        if not sums:
+            return np.zeros(0)
+        return torch.stack(sums).sqrt().cpu().numpy()
 
     def all_finite(self, x):
         return bool(torch.isfinite(x).all())
