@@ -1,14 +1,125 @@
-"""Framework-free helper that turns an algorithm class into a framework face class.
+"""What the PyTorch and TensorFlow faces share, written once.
 
-``hvd_sparse.torch.TopK(density=0.01, named_parameters=...)`` is the PyTorch face's compressor
-base class wrapped around ``hvd_sparse.algorithms.TopK``; the TensorFlow face does the same with
-its own base. The generated class accepts the algorithm's hyper-parameters and the face's
-keyword-only options together, and shows both in ``help()``.
+``FaceBase`` holds the options every compressor takes, the engine it drives, and the API that
+does not depend on the framework: ``set_epoch``, ``stats``, ``average_stats``, ``rank``,
+``state_dict``/``load_state_dict``. A face adds Horovod's ``compress``/``decompress`` and two
+hooks: ``_make_engine`` (with its communication layer) and ``_sum_over_ranks``.
+
+``face_class`` turns an algorithm class into a face class: ``hvd_sparse.torch.TopK(density=0.01,
+named_parameters=...)`` is the PyTorch face wrapped around ``hvd_sparse.algorithms.TopK``. The
+generated class accepts the algorithm's hyper-parameters and the face's keyword-only options
+together, and shows both in ``help()``.
 """
 
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
+from typing import Any, ClassVar
+
+import numpy as np
+
+from . import monitor
+from .algorithms.base import Algorithm, check_choice
+from .engine import Engine, summarize
+from .engine.core import NONFINITE_POLICIES
+from .errors import ConfigurationError
+
+
+class FaceBase:
+    """Options and framework-free API of a Horovod compressor running an hvd_sparse method.
+
+    Args:
+        algorithm: the method and its hyper-parameters.
+        process_set: the Horovod process set the gradients are reduced over (default: global).
+        prefix: prefix of every collective's name; give two compressors in one job distinct ones.
+        nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
+            the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
+    """
+
+    framework: ClassVar[str] = "abstract"
+
+    def __init__(self, algorithm: Algorithm, *, process_set: Any = None, prefix: str = "hvd_sparse",
+                 nonfinite: str = "skip"):
+        self.algorithm = algorithm
+        self.process_set = process_set
+        self.prefix = prefix
+        self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
+        self._engine: Engine | None = None
+
+    # --- the framework's part ----------------------------------------------------------------------
+    def _make_engine(self) -> Engine:
+        """The engine on this rank, with whatever communication layer the face drives it with."""
+        raise NotImplementedError
+
+    def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
+        """One named allreduce (sum) of a small float64 vector on the compressor's process set."""
+        raise NotImplementedError
+
+    def _extra_stats(self) -> dict:
+        """Statistics only the face can measure (PyTorch: communication timing)."""
+        return {}
+
+    # --- shared API ----------------------------------------------------------------------------------
+    def _ensure_engine(self) -> Engine:
+        if self._engine is None:
+            self._engine = self._make_engine()
+        return self._engine
+
+    def set_epoch(self, epoch: int) -> None:
+        """Tell a method with an epoch schedule (DGC's density warm-up) that ``epoch`` (0-based)
+        starts; call it on every rank (``CompressionCallback`` does for Keras). It takes effect
+        at the next step. Methods without a schedule ignore it."""
+        hook = getattr(self.algorithm, "set_epoch", None)
+        if hook is not None:
+            hook(epoch)
+
+    def stats(self) -> dict:
+        """Statistics of the last step on this rank (README, "Statistics")."""
+        if self._engine is None:
+            return summarize([], self.algorithm.density)
+        return {**self._engine.stats(), **self._extra_stats()}
+
+    def average_stats(self, keys: Sequence[str] = monitor.DEFAULT_KEYS) -> dict[str, float]:
+        """The mean over ranks of the chosen statistics, on every rank. One named allreduce:
+        every rank must call it, at the same point of training."""
+        engine = self._ensure_engine()
+        values = np.asarray(monitor.stat_vector(self.stats(), keys), dtype=np.float64)
+        summed = self._sum_over_ranks(values, f"{self.prefix}.stats")
+        return monitor.mean_over_ranks(keys, list(summed), engine.size)
+
+    @property
+    def rank(self) -> int:
+        """This process's rank in the compressor's process set."""
+        return self._ensure_engine().rank
+
+    def state_dict(self) -> dict:
+        """This rank's state (residuals and control state); save one file per rank."""
+        return self._ensure_engine().state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self._ensure_engine().load_state_dict(state)
+
+    def __repr__(self) -> str:
+        return f"hvd_sparse.{self.framework}.{self.algorithm!r}"
+
+
+def refuse_reduction_op(op: Any, hvd: Any) -> None:
+    """Raise unless ``op`` (the calling Horovod reduction, from module ``hvd``) is Average: a
+    sparsifier returns the average over ranks whatever Horovod is told to compute."""
+    if op is None or op == hvd.Average:
+        return
+    if op == hvd.Adasum:
+        raise ConfigurationError(
+            "op=hvd.Adasum cannot be combined with an hvd_sparse compressor: Adasum combines whole "
+            "dense tensors (in PyTorch, parameter deltas rather than gradients) with an operator a "
+            "sparse exchange does not compute. Use op=hvd.Average (the default) with hvd_sparse, "
+            "or Adasum without compression")
+    names = {hvd.Sum: "hvd.Sum", hvd.Min: "hvd.Min", hvd.Max: "hvd.Max", hvd.Product: "hvd.Product"}
+    raise ConfigurationError(
+        f"op={names.get(op, op)} cannot be combined with an hvd_sparse compressor, which always "
+        "returns the average over ranks: pass op=hvd.Average (the default); for a sum, scale the "
+        "learning rate by hvd.size()")
 
 
 def face_class(base: type, algorithm_cls: type, module: str) -> type:

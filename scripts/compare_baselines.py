@@ -25,6 +25,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 import hvd_sparse
+from hvd_sparse.sim.tasks import DigitsCNN
 
 METHODS = {
     "dense": None,
@@ -38,18 +39,6 @@ METHODS = {
 }
 
 
-class DigitsCNN(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.conv1 = torch.nn.Conv2d(1, 16, 3, padding=1)
-        self.conv2 = torch.nn.Conv2d(16, 32, 3, padding=1)
-        self.fc1 = torch.nn.Linear(32 * 4 * 4, 64)
-        self.fc2 = torch.nn.Linear(64, 10)
-
-    def forward(self, x):
-        x = F.relu(self.conv1(x))
-        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
-        return self.fc2(F.relu(self.fc1(x.flatten(1))))
 
 
 def train(method: str, args, data) -> dict:

@@ -20,44 +20,26 @@ from __future__ import annotations
 import functools
 import sys
 import weakref
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 from tensorflow.python.framework.func_graph import FuncGraph
 
-from .. import monitor
-from ..algorithms.base import TENSOR, Algorithm, check_choice
+from ..algorithms.base import TENSOR, Algorithm
 from ..backends import get_backend
 from ..comm import Collective, run_blocking
 from ..comm.horovod_tf import HorovodTFComm
-from ..engine import Engine, summarize
-from ..engine.core import NONFINITE_POLICIES, check_gradient_dtype
+from ..engine import Engine
+from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError, RankMismatchError
+from ..faces import FaceBase, refuse_reduction_op
 from .keras import refuse_keras3_under_horovod_keras
 
 _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
-_OP_NAMES = {hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum", hvd.Min: "hvd.Min", hvd.Max: "hvd.Max",
-             hvd.Product: "hvd.Product"}
-
-
-def refuse_reduction_op(op: Any) -> None:
-    """Raise unless ``op`` (the calling Horovod allreduce's reduction) is Average: a sparsifier
-    returns the average over ranks whatever Horovod is told to compute."""
-    if op is None or op == hvd.Average:
-        return
-    if op == hvd.Adasum:
-        raise ConfigurationError(
-            "op=hvd.Adasum cannot be combined with an hvd_sparse compressor: the Adasum operator "
-            "combines whole dense tensors, which a sparse exchange does not compute. Use "
-            "op=hvd.Average (the default) with hvd_sparse, or Adasum without compression")
-    raise ConfigurationError(
-        f"op={_OP_NAMES.get(op, op)} cannot be combined with an hvd_sparse compressor, which always "
-        "returns the average over ranks: pass op=hvd.Average (the default); for a sum, scale the "
-        "learning rate by hvd.size()")
 
 
 def _calling_allreduce_op(compressor: Any) -> Any:
@@ -93,36 +75,25 @@ def _root_graph() -> Any:
     return graph
 
 
-class SparseCompressor(Compressor):
-    """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``).
+class SparseCompressor(FaceBase, Compressor):
+    """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``); the
+    options are FaceBase's (hvd_sparse/faces.py)."""
 
-    Args:
-        algorithm: the method and its hyper-parameters.
-        process_set: the Horovod process set the gradients are reduced over (default: global).
-        prefix: prefix of every collective's name; give two compressors in one job distinct ones.
-        nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
-            the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
-    """
+    framework = "tensorflow"
 
     def __init__(self, algorithm: Algorithm, *, process_set: Any = None, prefix: str = "hvd_sparse",
                  nonfinite: str = "skip"):
-        self.algorithm = algorithm
-        self.process_set = process_set
-        self.prefix = prefix
-        self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
-        self._engine: Engine | None = None
+        FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite)
         self._comm: HorovodTFComm | None = None
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inflight: dict[str, Any] = {}
-
-    framework = "tensorflow"
 
     # --- Horovod's interface (trace time) -------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python that builds the graph
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
         # Everything that cannot work is refused here, at trace time, on every rank: no
         # collective of the step has run yet.
-        refuse_reduction_op(_calling_allreduce_op(self))
+        refuse_reduction_op(_calling_allreduce_op(self), hvd)
         if tf.executing_eagerly():
             raise ConfigurationError(
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "
@@ -158,54 +129,18 @@ class SparseCompressor(Compressor):
         with tf.control_dependencies([tensor]):  # keep Horovod's placeholder allreduce in the graph
             return tf.identity(out)
 
-    # --- schedules, statistics and checkpoints ---------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Tell a method with an epoch schedule (DGC's density warm-up) that ``epoch`` (0-based)
-        starts; call it on every rank (``CompressionCallback`` does for Keras). It takes effect
-        at the next step without re-tracing. Methods without a schedule ignore it."""
-        hook = getattr(self.algorithm, "set_epoch", None)
-        if hook is not None:
-            hook(epoch)
-
-    def stats(self) -> dict:
-        """Statistics of the last step on this rank (see README, "Statistics")."""
-        if self._engine is None:
-            return summarize([], self.algorithm.density)
-        return self._engine.stats()
-
-    def average_stats(self, keys: Sequence[str] = monitor.DEFAULT_KEYS) -> dict[str, float]:
-        """The mean over ranks of the chosen statistics, on every rank. One named allreduce
-        (eager, outside ``tf.function``): every rank must call it at the same point."""
+    def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         if not tf.executing_eagerly():
             raise ConfigurationError("average_stats runs eagerly: call it outside tf.function")
-        values = tf.constant(monitor.stat_vector(self.stats(), keys), dtype=tf.float64)
-        self._ensure_engine()
-        summed = hvd.allreduce(values, op=hvd.Sum, name=f"{self.prefix}.stats",
-                               process_set=self._comm.process_set)
-        return monitor.mean_over_ranks(keys, summed.numpy().tolist(), self._comm.size)
-
-    @property
-    def rank(self) -> int:
-        """This process's rank in the compressor's process set."""
-        return self._ensure_engine().rank
-
-    def state_dict(self) -> dict:
-        """This rank's state (residuals and control state); save one file per rank."""
-        return self._ensure_engine().state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self._ensure_engine().load_state_dict(state)
-
-    def __repr__(self) -> str:
-        return f"hvd_sparse.tensorflow.{self.algorithm!r}"
+        summed = hvd.allreduce(tf.constant(values), op=hvd.Sum, name=name,
+                               process_set=self._comm.process_set)  # type: ignore[union-attr]
+        return summed.numpy()
 
     # --- graph construction -----------------------------------------------------------------------
-    def _ensure_engine(self) -> Engine:
-        if self._engine is None:
-            self._comm = HorovodTFComm(self.process_set)
-            self._engine = Engine(self.algorithm, get_backend("tensorflow"), self._comm.rank,
-                                  self._comm.size, self.prefix, self.nonfinite)
-        return self._engine
+    def _make_engine(self) -> Engine:
+        self._comm = HorovodTFComm(self.process_set)
+        return Engine(self.algorithm, get_backend("tensorflow"), self._comm.rank, self._comm.size,
+                      self.prefix, self.nonfinite)
 
     def _trace(self) -> _Trace:
         graph = _root_graph()

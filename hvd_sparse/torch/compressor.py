@@ -28,49 +28,31 @@ from __future__ import annotations
 import sys
 import time
 import warnings
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from typing import Any
 
 import horovod.torch as hvd
+import numpy as np
 import torch
 from horovod.torch.compression import Compressor
 from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
-from .. import monitor
-from ..algorithms.base import Algorithm, check_choice
+from ..algorithms.base import Algorithm
 from ..backends import get_backend
 from ..comm import run_blocking
 from ..comm.horovod_torch import AsyncProtocols, HorovodTorchComm
-from ..engine import Engine, summarize
-from ..engine.core import NONFINITE_POLICIES, check_gradient_dtype
+from ..engine import Engine
+from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError
+from ..faces import FaceBase, refuse_reduction_op
 
 _PLACEHOLDER_DTYPES = (torch.float16, torch.float32, torch.float64)
 _SPARSIFIABLE = (*_PLACEHOLDER_DTYPES, torch.bfloat16)
 # Horovod's Adasum optimizer calls compress on parameter deltas from this function.
 _ADASUM_COMPRESS_CALLER = _DistributedAdasumOptimizer._allreduce_grad_async.__code__
-_OP_NAMES = {hvd.Sum: "hvd.Sum", hvd.Adasum: "hvd.Adasum", hvd.Min: "hvd.Min", hvd.Max: "hvd.Max",
-             hvd.Product: "hvd.Product"}
 
 
-def refuse_reduction_op(op: Any) -> None:
-    """Raise unless ``op`` (the calling Horovod optimizer's reduction) is Average: a sparsifier
-    returns the average over ranks whatever Horovod is told to compute."""
-    if op is None or op == hvd.Average:
-        return
-    if op == hvd.Adasum:
-        raise ConfigurationError(
-            "op=hvd.Adasum cannot be combined with an hvd_sparse compressor: Adasum's optimizer "
-            "compresses parameter deltas (not gradients) and combines them with the Adasum "
-            "operator, which a sparse exchange does not compute. Use op=hvd.Average (the default) "
-            "with hvd_sparse, or Adasum without compression")
-    raise ConfigurationError(
-        f"op={_OP_NAMES.get(op, op)} cannot be combined with an hvd_sparse compressor, which always "
-        "returns the average over ranks: pass op=hvd.Average (the default); for a sum, scale the "
-        "learning rate by hvd.size()")
-
-
-class SparseCompressor(Compressor):
+class SparseCompressor(FaceBase, Compressor):
     """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``).
 
     Args:
@@ -85,19 +67,17 @@ class SparseCompressor(Compressor):
             the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
     """
 
+    framework = "torch"
+
     def __init__(self, algorithm: Algorithm, *, named_parameters: Iterable | None = None,
                  process_set: Any = None, prefix: str = "hvd_sparse", nonfinite: str = "skip"):
-        self.algorithm = algorithm
-        self.process_set = process_set
-        self.prefix = prefix
-        self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
+        FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite)
         self._param_order: dict[str, int] = {}
         self._params_by_numel: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}
         if named_parameters is not None:
             for position, (name, param) in enumerate(named_parameters):
                 self._param_order[name] = position
                 self._params_by_numel.setdefault(param.numel(), []).append((name, param))
-        self._engine: Engine | None = None
         self._protocols: AsyncProtocols | None = None
         self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys
         self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
@@ -111,16 +91,14 @@ class SparseCompressor(Compressor):
         self._ordinal = 0
         self._warned_unmatched = False
 
-    framework = "torch"
-
     # --- Horovod's interface --------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         # Refuse what cannot work before anything else: every rank fails here, none has issued a
         # collective of this step.
-        refuse_reduction_op(self._calling_optimizer_op())
+        refuse_reduction_op(self._calling_optimizer_op(), hvd)
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
-        engine, protocols = self._ensure_engine()
+        engine, protocols = self._ensure_engine(), self._protocols
         if self._outstanding == 0:  # first gradient of a new step
             self._measuring = engine.measuring() and tensor.is_cuda
         if self._measuring:
@@ -140,7 +118,7 @@ class SparseCompressor(Compressor):
         return torch.zeros(1, dtype=dtype, device=tensor.device), key
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        engine, protocols = self._ensure_engine()
+        engine, protocols = self._ensure_engine(), self._protocols
         if not self._flushed:  # first decompress of the step: every compress has happened
             self._flushed = True
             if set(self._arrived) != set(self._bucket_of):
@@ -156,23 +134,11 @@ class SparseCompressor(Compressor):
         bucket, position = self._bucket_of[ctx]
         return protocols.results[bucket][position]
 
-    # --- schedules, statistics and checkpoints ---------------------------------------------------
-    def set_epoch(self, epoch: int) -> None:
-        """Tell a method with an epoch schedule (DGC's density warm-up) that ``epoch`` (0-based)
-        starts; call it on every rank. Methods without one ignore it."""
-        hook = getattr(self.algorithm, "set_epoch", None)
-        if hook is not None:
-            hook(epoch)
-
-    def stats(self) -> dict:
-        """Statistics of the last step on this rank (see README, "Statistics")."""
-        if self._engine is None:
-            return summarize([], self.algorithm.density)
-        out = self._engine.stats()
+    # --- what only this face measures -----------------------------------------------------------
+    def _extra_stats(self) -> dict:
         protocols = self._protocols
-        out["comm_wait_seconds"] = protocols.wait_seconds  # type: ignore[union-attr]
-        out["comm_inflight_seconds"] = protocols.inflight_seconds()  # type: ignore[union-attr]
-        return out
+        return {"comm_wait_seconds": protocols.wait_seconds,  # type: ignore[union-attr]
+                "comm_inflight_seconds": protocols.inflight_seconds()}  # type: ignore[union-attr]
 
     def communication_timeline(self) -> dict[str, tuple[float, float | None]]:
         """This step's buckets (the last step's, between steps): (issued, completed) in seconds
@@ -185,29 +151,10 @@ class SparseCompressor(Compressor):
         return {key: (issued - began, None if done is None else done - began)
                 for key, (issued, done) in self._protocols.timeline().items()}
 
-    def average_stats(self, keys: Sequence[str] = monitor.DEFAULT_KEYS) -> dict[str, float]:
-        """The mean over ranks of the chosen statistics, on every rank. One named allreduce:
-        every rank must call it, at the same point of training."""
-        values = torch.tensor(monitor.stat_vector(self.stats(), keys), dtype=torch.float64)
-        comm = self._ensure_engine()[1].comm
-        summed = hvd.allreduce(values, op=hvd.Sum, name=f"{self.prefix}.stats",
-                               process_set=comm.process_set)
-        return monitor.mean_over_ranks(keys, summed.tolist(), comm.size)
-
-    @property
-    def rank(self) -> int:
-        """This process's rank in the compressor's process set."""
-        return self._ensure_engine()[0].rank
-
-    def state_dict(self) -> dict:
-        """This rank's state (residuals and control state); save one file per rank."""
-        return self._ensure_engine()[0].state_dict()
-
-    def load_state_dict(self, state: dict) -> None:
-        self._ensure_engine()[0].load_state_dict(state)
-
-    def __repr__(self) -> str:
-        return f"hvd_sparse.torch.{self.algorithm!r}"
+    def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
+        summed = hvd.allreduce(torch.from_numpy(values), op=hvd.Sum, name=name,
+                               process_set=self._protocols.comm.process_set)  # type: ignore[union-attr]
+        return summed.numpy()
 
     # --- internals --------------------------------------------------------------------------------
     def _calling_optimizer_op(self) -> Any:
@@ -231,15 +178,13 @@ class SparseCompressor(Compressor):
                 return name
         return f"of shape {tuple(tensor.shape)}"
 
-    def _ensure_engine(self) -> tuple[Engine, AsyncProtocols]:
-        if self._engine is None:
-            comm = HorovodTorchComm(self.process_set)
-            # Horovod hands over each p.grad and replaces it with what decompress returns, so the
-            # average can be written into the gradient tensors themselves.
-            self._engine = Engine(self.algorithm, get_backend("torch"), comm.rank, comm.size,
-                                  self.prefix, self.nonfinite, write_into_inputs=True)
-            self._protocols = AsyncProtocols(comm)
-        return self._engine, self._protocols  # type: ignore[return-value]
+    def _make_engine(self) -> Engine:
+        comm = HorovodTorchComm(self.process_set)
+        self._protocols = AsyncProtocols(comm)
+        # Horovod hands over each p.grad and replaces it with what decompress returns, so the
+        # average can be written into the gradient tensors themselves.
+        return Engine(self.algorithm, get_backend("torch"), comm.rank, comm.size, self.prefix,
+                      self.nonfinite, write_into_inputs=True)
 
     def _begin_step(self, now: float) -> None:
         self._protocols.clear()  # type: ignore[union-attr]
@@ -252,7 +197,7 @@ class SparseCompressor(Compressor):
 
     def _start(self, bucket: str) -> None:
         tensors = [self._arrived[key] for key in self._members[bucket]]
-        self._protocols.start(bucket, self._engine.step(bucket, tensors))  # type: ignore[union-attr]
+        self._protocols.start(bucket, self._ensure_engine().step(bucket, tensors))  # type: ignore[union-attr]
         self._started.add(bucket)
 
     def _make_plan(self) -> None:
