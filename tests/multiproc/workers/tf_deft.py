@@ -23,30 +23,17 @@ import numpy as np
 import tensorflow as tf
 from checks import check_identical
 from deft_checks import check_deft_step, check_deft_step_from_residuals
+from tf_common import LOSS, allgather_rows, make_model
+from tf_common import batches as _batches
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse.tensorflow import keras as hs_keras
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def allgather_rows(vector: np.ndarray, name: str) -> np.ndarray:
-    return hvd.allgather(tf.constant(np.ascontiguousarray(vector))[None], name=name).numpy()
-
-
-def make_model() -> tf.keras.Model:
-    tf.random.set_seed(0)
-    model = tf.keras.Sequential([tf.keras.layers.Dense(24, activation="tanh", input_shape=(16,)),
-                                 tf.keras.layers.Dense(5)])
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    return model
 
 
 def batches():
-    rng = np.random.default_rng(1000 + hvd.rank())
-    for _ in range(STEPS):
-        yield rng.standard_normal((12, 16)).astype(np.float32), rng.integers(0, 5, 12).astype(np.int32)
+    return _batches(STEPS)
 
 
 def flat(tensors) -> np.ndarray:

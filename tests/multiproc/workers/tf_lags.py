@@ -24,33 +24,24 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from checks import check_identical, check_topk_step
+from tf_common import LOSS, allgather_rows
+from tf_common import batches as _batches
+from tf_common import make_model as _make_model
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse import ConfigurationError
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 DENSITY = 0.05
-LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-
-def allgather_rows(vector: np.ndarray, name: str) -> np.ndarray:
-    return hvd.allgather(tf.constant(np.ascontiguousarray(vector))[None], name=name).numpy()
-
-
-def make_model() -> tf.keras.Model:
-    # Variables 384, 24 | 576, 24 | 120, 5: with merge_threshold=100, three groups of two.
-    tf.random.set_seed(0)
-    model = tf.keras.Sequential([tf.keras.layers.Dense(24, activation="tanh", input_shape=(16,)),
-                                 tf.keras.layers.Dense(24, activation="tanh"),
-                                 tf.keras.layers.Dense(5)])
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    return model
 
 
 def batches():
-    rng = np.random.default_rng(1000 + hvd.rank())
-    for _ in range(STEPS):
-        yield rng.standard_normal((12, 16)).astype(np.float32), rng.integers(0, 5, 12).astype(np.int32)
+    return _batches(STEPS)
+
+
+def make_model():
+    # Variables 384, 24 | 576, 24 | 120, 5: with merge_threshold=100, three groups of two.
+    return _make_model(hidden_layers=2)
 
 
 def run(label: str, tape_kind: str, graph: bool = True, **options) -> None:

@@ -18,15 +18,12 @@ import numpy as np
 import torch
 from checks import check_identical
 from deft_checks import check_deft_step
+from torch_common import allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
-
-
-def allgather_rows(vector: np.ndarray, name: str) -> np.ndarray:
-    return hvd.allgather(torch.from_numpy(np.ascontiguousarray(vector))[None], name=name).numpy()
 
 
 def run(label: str, density: float, agreed_k: bool, packing: str, groups: int | None,

@@ -15,6 +15,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 from checks import check_exclusive_step, check_identical
+from torch_common import allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
@@ -23,10 +24,6 @@ STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 DENSITY = 0.05
 CONFIGS = [("exdyna", {"rebalance": "exact"}), ("exdyna", {"rebalance": "neighbour"}),
            ("exdyna", {"threshold": "tracking"}), ("micro", {})]
-
-
-def allgather_rows(vector: np.ndarray, name: str) -> np.ndarray:
-    return hvd.allgather(torch.from_numpy(np.ascontiguousarray(vector))[None], name=name).numpy()
 
 
 def run(method: str, options: dict) -> None:

@@ -23,6 +23,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 from checks import check_identical, check_topk_step
+from torch_common import allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
@@ -53,10 +54,6 @@ class Slow(torch.nn.Module):
 
     def forward(self, x):
         return SlowBackward.apply(x, self.delay) if self.delay else x
-
-
-def allgather_rows(vector: np.ndarray, name: str) -> np.ndarray:
-    return hvd.allgather(torch.from_numpy(np.ascontiguousarray(vector))[None], name=name).numpy()
 
 
 def run(label: str, delay: float = 0.0, via_registry: bool = False, **options) -> None:

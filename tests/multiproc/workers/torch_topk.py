@@ -15,16 +15,13 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 from checks import check_identical, check_topk_step
+from torch_common import allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 DENSITY = 0.05
-
-
-def allgather_rows(vector: np.ndarray, name: str) -> np.ndarray:
-    return hvd.allgather(torch.from_numpy(np.ascontiguousarray(vector))[None], name=name).numpy()
 
 
 def run(scope: str, pattern: str, via_registry: bool) -> None:
