@@ -148,7 +148,7 @@ def write_report(result: dict, out_dir: Path) -> None:
              f"median of {result['repeats']} steps after {WARMUP} warm-up steps.", ""]
     size = result["world_size"]
     rows = [r for r in result["sizes"] if r["world_size"] == size]
-    lines.append("| method | " + " | ".join(f"n = {r['n']:.0e}" for r in rows) + " |")
+    lines.append("| method | " + " | ".join(f"n = {r['n']:,}" for r in rows) + " |")
     lines.append("|---|" + "---|" * len(rows))
     lines.append("| floor | " + " | ".join(f"{r['floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
     for method in result["methods"]:
@@ -158,7 +158,7 @@ def write_report(result: dict, out_dir: Path) -> None:
     lines += ["", f"At N = {size}; in parentheses: x floor.", ""]
     sweep = result["world_sizes"]
     if sweep:
-        lines.append(f"Versus world size at n = {sweep[0]['n']:.0e}: per-rank step ms (x floor) / of "
+        lines.append(f"Versus world size at n = {sweep[0]['n']:,}: per-rank step ms (x floor) / of "
                      "which selection ms. The step keeps O(n) parts every method has (error feedback, "
                      "the finite check, writing the dense average); the selection is what scans "
                      "n/N entries in the exclusive methods:")
@@ -197,7 +197,7 @@ def write_report(result: dict, out_dir: Path) -> None:
                       [r["methods"][method]["seconds"] * 1e3 for r in sweep], marker="o", label=method)
         ax.set_xlabel("world size N")
         ax.set_ylabel("per-rank step (ms)")
-        ax.set_title(f"n = {sweep[0]['n']:.0e}")
+        ax.set_title(f"n = {sweep[0]['n']:,}")
         ax.legend(fontsize=7)
     figure.tight_layout()
     figure.savefig(out_dir / "select.png", dpi=110)

@@ -1,0 +1,129 @@
+"""Assemble BENCHMARKS.md from the results the benchmark scripts wrote under bench/.
+
+Nothing here is typed by hand: every figure comes from a JSON or Markdown file a script wrote
+(scripts/bench_select.py, scripts/fidelity.py, scripts/convergence.py, scripts/bench_e2e.py),
+and each target is evaluated from those JSON files.
+
+    python scripts/report.py [--bench-dir bench] [--out BENCHMARKS.md]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+from pathlib import Path
+
+SECTIONS = [  # (fragment, title, command that produces it)
+    ("select.md", "Selection cost", "python scripts/bench_select.py --quick  (full: see its docstring)"),
+    ("fidelity.md", "Fidelity: density error, imbalance, build-up",
+     "python scripts/fidelity.py --quick  (full: see its docstring)"),
+    ("convergence.md", "Convergence", "python scripts/convergence.py --quick  (full: see its docstring)"),
+    ("e2e.md", "End to end", "python scripts/bench_e2e.py --quick  (full: see its docstring; root, for "
+     "network namespaces)"),
+]
+
+
+def load(path: Path) -> dict | None:
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def machine() -> str:
+    cpu = "unknown CPU"
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    versions = []
+    for module in ("torch", "tensorflow", "horovod", "numpy"):
+        try:
+            versions.append(f"{module} {__import__(module).__version__}")
+        except Exception:  # a missing framework is reported, not fatal
+            versions.append(f"{module} -")
+    return (f"{os.cpu_count()} cores ({cpu}), {memory:.1f} GiB, {platform.system()} "
+            f"{platform.release()}, Python {platform.python_version()}; " + ", ".join(versions))
+
+
+def select_targets(result: dict | None) -> list[tuple[str, str, str]]:
+    if result is None:
+        return [("ExDyna per-rank step ≤ 2.5× the floor at N = 4, 25M elements", "not run", "")]
+    rows = []
+    at = [r for r in result["sizes"] if r["world_size"] == 4 and r["n"] == 25_000_000
+          and "exdyna" in r["methods"]]
+    if at:
+        m = at[0]["methods"]["exdyna"]
+        topk = at[0]["methods"].get("topk")
+        rows.append(("ExDyna per-rank step ≤ 2.5× the floor (`a = g + e`) at N = 4, 25M elements",
+                     "met" if m["over_floor"] <= 2.5 else "not met",
+                     f"{m['over_floor']:.2f}× ({m['seconds'] * 1e3:.1f} ms vs "
+                     f"{at[0]['floor_seconds'] * 1e3:.1f} ms)"
+                     + (f"; top-k {topk['over_floor']:.1f}×" if topk else "")))
+    sweep = {r["world_size"]: r["methods"]["exdyna"] for r in result["world_sizes"]
+             if "exdyna" in r["methods"]}
+    if len(sweep) >= 2 and all("select_seconds" in m for m in sweep.values()):
+        first, last = min(sweep), max(sweep)
+        expected = first / last
+        got = sweep[last]["select_seconds"] / sweep[first]["select_seconds"]
+        rows.append((f"ExDyna's selection falls about 1/N (N = {first} → {last})",
+                     "met" if got <= 2 * expected else "not met",
+                     f"selection time × {got:.3f} (1/N: × {expected:.3f}); whole step × "
+                     f"{sweep[last]['seconds'] / sweep[first]['seconds']:.3f}"))
+    if result.get("memory_copies_per_rank") is not None:
+        copies = result["memory_copies_per_rank"]
+        rows.append(("ExDyna memory overhead ≤ 3 fp32 copies of the model per rank",
+                     "met" if copies <= 3 else "not met", f"{copies:.2f} copies"))
+    return rows
+
+
+def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
+    """Targets the other scripts evaluated themselves (a "targets" list in their JSON)."""
+    rows = []
+    for name in ("fidelity.json", "convergence.json", "e2e.json"):
+        result = load(bench / name)
+        for target in (result or {}).get("targets", []):
+            rows.append((target["target"], target["verdict"], target.get("figure", "")))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--bench-dir", default="bench")
+    parser.add_argument("--out", default="BENCHMARKS.md")
+    args = parser.parse_args()
+    bench = Path(args.bench_dir)
+    lines = ["# Benchmarks", "",
+             "Written by `scripts/report.py` from the files the benchmark scripts left in `bench/`; "
+             "no figure is typed by hand. These machines are small and shared: results are ratios "
+             "measured side by side in one run, medians over repeats. Where a result is bad for "
+             "hvd_sparse it is shown as it is.", "",
+             f"Machine of this report: {machine()}.", "", "## Targets", "",
+             "| target | verdict | figure |", "|---|---|---|"]
+    for target, verdict, figure in select_targets(load(bench / "select.json")) + collected_targets(bench):
+        lines.append(f"| {target} | {verdict} | {figure} |")
+    lines.append("")
+    for number, (fragment, title, command) in enumerate(SECTIONS, start=1):
+        lines += [f"## {number}. {title}", "", f"`{command}`", ""]
+        path = bench / fragment
+        lines.append(path.read_text().strip() if path.exists() else "_Not run on this machine._")
+        png = path.with_suffix(".png")
+        if png.exists():
+            lines += ["", f"![{title}]({png.as_posix()})"]
+        lines.append("")
+    gpu = sorted((bench / "gpu").glob("*.log")) if (bench / "gpu").exists() else []
+    if gpu:
+        lines += ["## On a GPU", "",
+                  "Logs of the runs on an NVIDIA H200 (one call of the lent machine; the world-size "
+                  "sweep did not fit in its time):", ""]
+        for log in gpu:
+            lines += [f"`{log.as_posix()}`:", "", "```", log.read_text().strip(), "```", ""]
+    Path(args.out).write_text("\n".join(lines) + "\n")
+    print(f"wrote {args.out}")
+
+
+if __name__ == "__main__":
+    main()
