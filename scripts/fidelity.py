@@ -68,7 +68,7 @@ QUICK_CURVES = {"world_size": 8, "steps": 200, "configs": [("digits", 0.01)]}
 # achieved density over the target) means something after a few steps; MiCRO in paper mode.
 BUILDUP_METHODS = {"topk": ("topk", {}), "micro": ("micro", {}),
                    "exdyna-tracking": ("exdyna", {"threshold": "tracking"}), "deft": ("deft", {})}
-FULL_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "steps": 30, "density": 0.001,
+FULL_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "steps": 20, "density": 0.001,
                 "task": "digits"}
 QUICK_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64], "steps": 10, "density": 0.001, "task": "digits"}
 # Part 3: ExDyna's padding waste versus model size (char-LSTM of growing width, N = 4): at the
