@@ -2,40 +2,112 @@
 job (engine + ``comm/local.py``), fed real per-rank gradients of a small model.
 
 Every rank computes its gradient on its own minibatch at the shared parameters; the ranks'
-engines exchange through the lockstep local group; the averaged gradient (identical on every
-rank, checked) drives one optimizer step. One record per step.
+engines (torch backend, writing the average into the gradient tensors as the PyTorch face does)
+exchange through the lockstep local group; the averaged gradient (identical on every rank,
+checked every 50 steps) drives one optimizer step. One record per step (``RECORD_FIELDS``).
 
-    python -m hvd_sparse.sim --method exdyna --world-size 64 --density 0.001 --model digits \\
+    python -m hvd_sparse.sim --method exdyna --world-size 64 --density 0.001 --model lstm \\
         --steps 500 --out run.json
+
+``method="dense"`` is the plain average through the same loop (every entry allreduced, nothing
+kept back): the baseline of convergence runs. See ``hvd_sparse/sim/__main__.py`` for the command
+line and ``hvd_sparse/sim/tasks.py`` for the models.
 """
 
 from __future__ import annotations
 
+import math
+import time
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
 import torch
 
-from ..algorithms import Algorithm
+from ..algorithms import MODEL, SHARED, Algorithm, StepContext
 from ..backends import get_backend
 from ..comm.local import LocalGroup
 from ..engine import Engine
-from ..registry import create
+from ..registry import available, create
 from .tasks import TASKS
 
-RECORD_FIELDS = ("step", "loss", "density_target", "density_actual", "k", "union", "buildup",
-                 "threshold", "counts", "imbalance", "partition", "rebalance_moves", "bytes_sent",
-                 "bytes_received", "residual_norm")
+DENSE = "dense"
+SCHEDULES = ("constant", "cosine")
+
+# One record per step. Scalars describe the step as every rank sees it (rank 0's statistics);
+# lists are per rank, in rank order.
+RECORD_FIELDS = (
+    "step",            # 0-based
+    "loss",            # mean over ranks of the training loss at the parameters before the step
+    "density_target",  # the target density (DGC: the warm-up's current one)
+    "density_actual",  # distinct aggregated indices / elements
+    "k",               # the target count (summed over buckets)
+    "union",           # distinct aggregated indices (summed over buckets)
+    "buildup",         # union / k (1: no build-up; up to N for independent selections)
+    "threshold",       # λ: one number when every rank uses the same one (MiCRO, ExDyna, Threshold),
+                       # a per-rank list when each rank has its own (Gaussian-k, DGC), else None
+    "counts",          # per rank: the entries it selected (its own count)
+    "imbalance",       # N·max(counts) / Σcounts − 1: padding waste of a padded index allgather
+    "common",          # entries appended to the union besides the gathered ones (DEFT), else 0
+    "partition",       # ExDyna/MiCRO: the N+1 element bounds of the partitions used this step
+                       # (neighbour mode: rebuilt from every rank's own partition)
+    "rebalance_moves",  # ExDyna: boundaries moved before this step
+    "bytes_sent",      # per rank: payload put into collectives (int32 indices, values)
+    "bytes_received",  # per rank: payload received
+    "residual_norm",   # per rank: ||residual|| after the step
+    "seconds",         # wall time of the simulated step (all ranks' gradients and engines)
+)
+
+
+class DenseAverage(Algorithm):
+    """The plain average as a pseudo-method: every entry allreduced (shared pattern), so the
+    residual stays zero and the result is Σ gradients / N. Not a compressor: the simulator's
+    baseline on the same code path as the sparsifiers."""
+
+    name = DENSE
+    patterns = (SHARED,)
+    scopes = (MODEL,)
+
+    def __init__(self, density: float = 1.0):
+        super().__init__(1.0)
+
+    def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
+        return ctx.backend.arange(0, ctx.numel, like=acc)
+
+
+def methods() -> list[str]:
+    """Method names the simulator accepts: every registered method and ``dense``."""
+    return [DENSE, *available()]
+
+
+def make_algorithm(method: str | Algorithm, density: float, options: dict | None = None) -> Algorithm:
+    if isinstance(method, Algorithm):
+        return method
+    if method == DENSE:
+        return DenseAverage()
+    return create(method, density=density, **(options or {}))
 
 
 def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: float = 0.01,
              task: str = "digits", batch_size: int = 16, lr: float = 0.05, momentum: float = 0.9,
-             seed: int = 0, evaluate_every: int = 0, options: dict | None = None) -> list[dict]:
+             seed: int = 0, evaluate_every: int = 0, options: dict | None = None,
+             schedule: str = "constant", clip_norm: float | None = None,
+             task_options: dict | None = None,
+             on_record: Callable[[dict], None] | None = None) -> list[dict]:
     """Train ``task`` for ``steps`` steps with ``world_size`` simulated ranks; one record per step
-    (``RECORD_FIELDS``; per-rank lists for the byte counts and residual norms)."""
-    algorithm = method if isinstance(method, Algorithm) else create(method, density=density,
-                                                                     **(options or {}))
-    job = TASKS[task](batch_size=batch_size, seed=seed)
+    (``RECORD_FIELDS``, plus the task's evaluation -- e.g. ``accuracy`` or ``perplexity`` -- every
+    ``evaluate_every`` steps and at the last step when ``evaluate_every`` > 0).
+
+    The optimizer is SGD(lr, momentum) on the averaged gradient, after clipping its norm to
+    ``clip_norm`` when given; ``schedule="cosine"`` decays lr to 0 over ``steps``. ``method`` is a
+    registered name (with ``options``), an ``Algorithm``, or ``"dense"``. ``on_record`` is called
+    with each record as it is made (progress, streaming)."""
+    if schedule not in SCHEDULES:
+        raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
+    if task not in TASKS:
+        raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
+    algorithm = make_algorithm(method, density, options)
+    job = TASKS[task](batch_size=batch_size, seed=seed, **(task_options or {}))
     model = job.model
     backend = get_backend("torch")
     engines = [Engine(algorithm, backend, rank, world_size, write_into_inputs=True)
@@ -47,12 +119,16 @@ def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: f
     optimizer = torch.optim.SGD([p for _, p in named], lr=lr, momentum=momentum)
     records = []
     for step in range(steps):
+        started = time.perf_counter()
+        if schedule == "cosine":
+            for param_group in optimizer.param_groups:
+                param_group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * step / steps))
         grads, losses = [], []
         for rank in range(world_size):
             model.zero_grad(set_to_none=True)
             loss = job.loss(model, job.batch(rank, step))
             loss.backward()
-            grads.append([p.grad.detach().clone() for _, p in named])
+            grads.append([p.grad for _, p in named])   # fresh tensors: every rank owns its own
             losses.append(loss.item())
         averaged: list[Any] = [None] * len(named)
         for bucket, members in plan:
@@ -65,22 +141,89 @@ def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: f
                 for other in outputs[1:]:
                     for a, b in zip(outputs[0], other, strict=True):
                         torch.testing.assert_close(a, b, rtol=0, atol=0)
+        group.run([engine.end_step(None) for engine in engines])
         for (_, p), g in zip(named, averaged, strict=True):
             p.grad = g
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for _, p in named], clip_norm)
         optimizer.step()
-        records.append(_record(step, float(np.mean(losses)), engines, job, model, evaluate_every))
+        record = _record(step, float(np.mean(losses)), engines)
+        record["seconds"] = time.perf_counter() - started
+        if evaluate_every > 0 and ((step + 1) % evaluate_every == 0 or step == steps - 1):
+            record.update(job.evaluate(model))
+        records.append(record)
+        if on_record is not None:
+            on_record(record)
     return records
 
 
-def _record(step: int, loss: float, engines: list[Engine], job: Any, model: Any,
-            evaluate_every: int) -> dict:
-    per_rank = [engine.stats() for engine in engines]
-    first = per_rank[0]
-    record = {field: first.get(field) for field in RECORD_FIELDS}
-    record.update(step=step, loss=loss,
-                  bytes_sent=[s["bytes_sent"] for s in per_rank],
-                  bytes_received=[s["bytes_received"] for s in per_rank],
-                  residual_norm=[s["residual_norm"] for s in per_rank])
-    if evaluate_every and (step + 1) % evaluate_every == 0:
-        record.update(job.evaluate(model))
-    return record
+def _rank_facts(engine: Engine) -> dict:
+    """One rank's own numbers for the last step, summed over buckets, without the union (which
+    would cost every rank a de-duplication of everything gathered; rank 0's stats give it)."""
+    latest = [bucket.stats for bucket in engine.buckets.values() if bucket.stats is not None]
+    thresholds = [s.extra["threshold"] for s in latest if s.extra.get("threshold") is not None]
+    own = latest[0].extra.get("own_partition") if len(latest) == 1 else None
+    return {"selected": sum(s.selected for s in latest),
+            "bytes_sent": sum(s.bytes_sent for s in latest),
+            "bytes_received": sum(s.bytes_received for s in latest),
+            "residual_norm": math.sqrt(sum(s.residual_sq() for s in latest)),
+            "threshold": float(np.mean(thresholds)) if thresholds else None,
+            "own_partition": own}
+
+
+def _record(step: int, loss: float, engines: list[Engine]) -> dict:
+    first = engines[0].stats()
+    facts = [_rank_facts(engine) for engine in engines]
+    counts = [f["selected"] for f in facts]
+    total = sum(counts)
+    thresholds = [f["threshold"] for f in facts]
+    if all(t is None for t in thresholds):
+        threshold = None
+    elif all(t == thresholds[0] for t in thresholds):
+        threshold = thresholds[0]
+    else:
+        threshold = thresholds
+    partition = first.get("partition")
+    if partition is None and all(f["own_partition"] is not None for f in facts):
+        # ExDyna's neighbour mode: each rank knows only its own range; together they tile the vector.
+        ranges = sorted(tuple(f["own_partition"]) for f in facts)
+        partition = [lo for lo, _ in ranges] + [ranges[-1][1]]
+    return {
+        "step": step,
+        "loss": loss,
+        "density_target": first["density_target"],
+        "density_actual": first["density_actual"],
+        "k": first["k"],
+        "union": first["union"],
+        "buildup": first["buildup"],
+        "threshold": threshold,
+        "counts": counts,
+        "imbalance": len(counts) * max(counts) / total - 1.0 if total else 0.0,
+        "common": int(first.get("common", 0)),
+        "partition": partition,
+        "rebalance_moves": first.get("rebalance_moves"),
+        "bytes_sent": [f["bytes_sent"] for f in facts],
+        "bytes_received": [f["bytes_received"] for f in facts],
+        "residual_norm": [f["residual_norm"] for f in facts],
+        "seconds": 0.0,
+    }
+
+
+def summarize(records: list[dict], skip: int = 0) -> dict:
+    """Means over the records after the first ``skip`` (a warm-up), and the last evaluation."""
+    body = records[skip:] or records
+    ratio = np.array([r["density_actual"] / r["density_target"] for r in body])
+    out = {
+        "steps": len(records),
+        "density_ratio_mean": float(ratio.mean()),
+        "density_error_mean": float(np.mean(np.abs(ratio - 1.0))),
+        "buildup_mean": float(np.mean([r["buildup"] for r in body])),
+        "imbalance_mean": float(np.mean([r["imbalance"] for r in body])),
+        "final_loss": float(np.mean([r["loss"] for r in records[-10:]])),
+        "seconds_per_step": float(np.mean([r["seconds"] for r in records])),
+    }
+    evaluated = [r for r in records if any(key in r for key in ("accuracy", "perplexity"))]
+    if evaluated:
+        last = evaluated[-1]
+        out.update({key: last[key] for key in ("accuracy", "perplexity", "bits_per_char") if key in last})
+    return out

@@ -2,6 +2,12 @@
 
 * ``digits``: a small CNN on scikit-learn's ``load_digits`` (8x8 images, 10 classes).
 * ``digits-mlp``: a three-layer MLP on the same data, whose gradient mass is concentrated.
+* ``lstm``: a character-level LSTM language model on real English prose shipped with Python itself
+  (``pydoc_data.topics``: the text of the Python documentation's help topics), with a held-out
+  split and a perplexity evaluation.
+
+Every rank draws its own minibatches from a generator seeded by (seed, rank, step), so two runs
+with the same seed see the same data in the same order whatever the method.
 """
 
 from __future__ import annotations
@@ -87,4 +93,82 @@ def digits_mlp_task(batch_size: int = 16, seed: int = 0) -> Task:
     return digits_task(batch_size, seed, model="mlp")
 
 
-TASKS = {"digits": digits_task, "digits-mlp": digits_mlp_task}
+# --- character-level language model -------------------------------------------------------------
+# Printable ASCII, newline, and one symbol for every other character (curly quotes, dashes, ...).
+CHARSET = "\n" + "".join(chr(c) for c in range(32, 127))
+UNKNOWN = len(CHARSET)
+VOCAB = len(CHARSET) + 1
+HELD_OUT_CHUNK = 1000   # the text is cut into chunks of this many characters ...
+HELD_OUT_EVERY = 10     # ... and every 10th chunk is held out (interleaved: no topic bias)
+
+
+def english_text() -> str:
+    """The help topics of the running Python's documentation, in sorted key order (about 465k
+    characters on Python 3.11)."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key] for key in sorted(topics))
+
+
+def encode(text: str) -> np.ndarray:
+    table = np.full(0x110000, UNKNOWN, dtype=np.uint8)
+    table[[ord(c) for c in CHARSET]] = np.arange(len(CHARSET), dtype=np.uint8)
+    return table[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]
+
+
+def split_text(codes: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(training codes, held-out codes): every ``HELD_OUT_EVERY``-th chunk is held out."""
+    chunk = np.arange(codes.size) // HELD_OUT_CHUNK
+    held = chunk % HELD_OUT_EVERY == HELD_OUT_EVERY - 1
+    return codes[~held], codes[held]
+
+
+class CharLSTM(torch.nn.Module):
+    """About 99k parameters: a 32-wide embedding, one LSTM layer of 128 units, a linear decoder."""
+
+    def __init__(self, embedding: int = 32, hidden: int = 128):
+        super().__init__()
+        self.embed = torch.nn.Embedding(VOCAB, embedding)
+        self.lstm = torch.nn.LSTM(embedding, hidden, batch_first=True)
+        self.decode = torch.nn.Linear(hidden, VOCAB)
+
+    def forward(self, x):
+        out, _ = self.lstm(self.embed(x))
+        return self.decode(out)
+
+
+def lstm_task(batch_size: int = 16, seed: int = 0, seq_len: int = 64, eval_len: int = 128,
+              eval_chars: int | None = None, embedding: int = 32, hidden: int = 128) -> Task:
+    """Next-character prediction; each rank's batch is ``batch_size`` windows of ``seq_len + 1``
+    characters at random offsets of the training text (truncated back-propagation, zero initial
+    state). ``evaluate`` returns the held-out perplexity exp(mean cross-entropy) and bits per
+    character over consecutive windows of ``eval_len`` characters of the held-out text (its first
+    ``eval_chars`` characters, or all of it). ``embedding``/``hidden`` size the model (the
+    defaults give 99k parameters)."""
+    torch.manual_seed(seed)
+    train, held_out = split_text(encode(english_text()))
+    train_codes = torch.from_numpy(train.astype(np.int64))
+    held = held_out[: eval_chars] if eval_chars else held_out
+    windows = held.size // (eval_len + 1)
+    eval_batch = torch.from_numpy(
+        held[: windows * (eval_len + 1)].astype(np.int64).reshape(windows, eval_len + 1))
+    model = CharLSTM(embedding, hidden)
+
+    def batch(rank: int, step: int) -> tuple:
+        rng = np.random.default_rng([seed, rank, step])
+        starts = torch.from_numpy(rng.integers(0, train_codes.numel() - seq_len - 1, batch_size))
+        rows = train_codes[starts[:, None] + torch.arange(seq_len + 1)]
+        return rows[:, :-1], rows[:, 1:]
+
+    def loss(module: torch.nn.Module, data: tuple) -> torch.Tensor:
+        return F.cross_entropy(module(data[0]).reshape(-1, VOCAB), data[1].reshape(-1))
+
+    def evaluate(module: torch.nn.Module) -> dict:
+        with torch.no_grad():
+            nats = loss(module, (eval_batch[:, :-1], eval_batch[:, 1:])).item()
+        return {"perplexity": float(np.exp(nats)), "bits_per_char": nats / float(np.log(2.0))}
+
+    return Task("lstm", model, loss, batch, evaluate)
+
+
+TASKS = {"digits": digits_task, "digits-mlp": digits_mlp_task, "lstm": lstm_task}

@@ -1,0 +1,71 @@
+"""The verdicts of scripts/convergence.py and scripts/fidelity.py (met / not met) on synthetic runs,
+and one tiny real run through each script's own summarising code."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import convergence  # noqa: E402
+import fidelity  # noqa: E402
+
+from hvd_sparse.sim import simulate  # noqa: E402
+
+
+def fake_run(task: str, method: str, density: float, final: float, imbalance: float = 0.0,
+             ratio: float = 1.0, seed: int = 0) -> dict:
+    return {"task": task, "method": method, "density": density, "seed": seed, "steps": 10,
+            "metric": "accuracy" if task == "digits" else "perplexity", "final": final,
+            "curve": [[10, final]], "imbalance_mean": imbalance, "imbalance_p90": imbalance,
+            "density_ratio_mean": ratio, "buildup_mean": ratio}
+
+
+def verdicts(runs: list[dict]) -> dict:
+    report = {"runs": {str(i): r for i, r in enumerate(runs)}}
+    return {(t["target"].split()[0], t["method"]): t["met"] for t in convergence.judge(report)}
+
+
+def test_accuracy_and_perplexity_targets():
+    runs = [fake_run("digits", "dense", 1.0, 0.980), fake_run("digits", "exdyna", 0.01, 0.9705),
+            fake_run("digits", "exdyna-tracking", 0.01, 0.9695),
+            fake_run("lstm", "dense", 1.0, 3.00), fake_run("lstm", "exdyna", 0.01, 3.14),
+            fake_run("lstm", "exdyna-tracking", 0.01, 3.16)]
+    met = verdicts(runs)
+    assert met[("digits", "exdyna")] and not met[("digits", "exdyna-tracking")]   # -0.95 vs -1.05 pt
+    assert met[("LSTM", "exdyna")] and not met[("LSTM", "exdyna-tracking")]       # +4.7% vs +5.3%
+    better = verdicts([fake_run("digits", "dense", 1.0, 0.95), fake_run("digits", "exdyna", 0.01, 0.99)])
+    assert better[("digits", "exdyna")]                                           # better than dense
+
+
+def test_padding_and_density_targets():
+    runs = [fake_run("lstm", "exdyna", 0.01, 3.0, imbalance=0.09),
+            fake_run("lstm", "exdyna-tracking", 0.01, 3.0, imbalance=0.11, ratio=1.049),
+            fake_run("lstm", "exdyna-tracking", 0.001, 3.0, imbalance=0.05, ratio=0.94)]
+    targets = convergence.judge({"runs": {str(i): r for i, r in enumerate(runs)}})
+    by = {(t["target"][:8], t["method"]): t["met"] for t in targets}
+    assert by[("ExDyna p", "exdyna (lstm, ρ=0.01)")]
+    assert not by[("ExDyna p", "exdyna-tracking (lstm, ρ=0.01)")]
+    assert by[("achieved", "exdyna-tracking (lstm, ρ=0.01)")]
+    assert not by[("achieved", "exdyna-tracking (lstm, ρ=0.001)")]
+
+
+def test_condensed_run_and_buildup_verdict():
+    torch.set_num_threads(1)
+    records = simulate("exdyna", 3, 6, density=0.02, task="digits-mlp", evaluate_every=3)
+    run = convergence.condense(records, "digits", "exdyna", 0.02, 0, 1.0)
+    assert run["final"] == records[-1]["accuracy"] and [s for s, _ in run["curve"]] == [3, 6]
+    assert len(run["density_ratio"]) == len(run["imbalance"]) == 6
+    row = {"method": "micro", "world_size": 2, "steps": 4, "k": 10, "union_over_k": 1.0,
+           "union_over_k_max": 1.0, "union_over_counts": 1.0, "union_is_sum_of_counts": True,
+           "seconds_per_step": 0.1}
+    report = {"config": {"quick": True, "buildup": {"task": "digits", "density": 0.001, "steps": 4}},
+              "buildup": {"micro/2": row}}
+    assert "**met**" in fidelity.markdown(report, [])
+    report["buildup"]["micro/2"] = dict(row, union_is_sum_of_counts=False)
+    assert "**NOT MET**" in fidelity.markdown(report, [])
