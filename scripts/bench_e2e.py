@@ -1,0 +1,493 @@
+"""End-to-end training step time of real Horovod jobs: dense allreduce, Horovod's fp16
+compression and every hvd_sparse method, on loopback and on emulated networks.
+
+    python scripts/bench_e2e.py --quick          # a few minutes: the two target configurations
+    python scripts/bench_e2e.py                  # full matrix (about an hour on 2 cores)
+    python scripts/bench_e2e.py --models mlp25m --nets 1gbit --sizes 4 --repeats 5
+
+Each job is one Horovod run of scripts/bench_e2e_worker.py over N ranks, training every
+configuration side by side (alternating order across repeats; see the worker's docstring), so
+ratios to dense come from the same run, the same machine state and the same ranks.
+
+Networks: ``loopback`` starts ``horovodrun --gloo -np N -H localhost:N`` (ranks talk over lo).
+A rate (``10gbit``, ``1gbit``, ``100mbit``) puts every rank in its own network namespace
+(scripts/netns.sh: a veth pair per rank into a bridge, both directions shaped with tc tbf), and
+starts the ranks the way ``horovodrun --gloo`` does -- Horovod's own rendezvous server (here in
+the root namespace, reachable on the bridge) and the same per-rank environment -- except that
+each rank runs under ``ip netns exec`` with a host name of its own (local size 1, as on a cluster
+of one-rank hosts), so every byte between ranks crosses two shaped links and a bridge. The
+namespaces are removed at the end, on error and on Ctrl-C (needs root).
+
+Writes ``<out>.json`` (every block of every job, the bandwidth probes, the machine) and
+``<out>.md`` (tables and the targets, met or not). Figures are medians over repeats with the
+[min, max] spread; ratios to dense are per-repeat ratios within the job, then their median.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_e2e_worker import CONFIGS  # noqa: E402
+
+WORKER = HERE / "bench_e2e_worker.py"
+NETNS = HERE / "netns.sh"
+PREFIX = os.environ.get("HVDS_NETNS_PREFIX", "hvds")
+SUBNET = os.environ.get("HVDS_NETNS_SUBNET", "10.231.0")
+NS_IFACE = f"{PREFIX}eth"
+SPARSIFIERS = [c for c in CONFIGS if c not in ("dense", "fp16", "local")]
+
+# (model, samples per rank per step): mlp25m is the communication-bound model of the target
+# (25.2M parameters, little arithmetic per parameter); cnn the compute-bound one (0.54M).
+WORKLOADS = {"mlp25m": 8, "mlp7m": 8, "cnn": 32}
+FULL = {"models": ["mlp25m", "cnn"], "nets": ["loopback", "10gbit", "1gbit", "100mbit"],
+        "sizes": [2, 4], "repeats": 3, "warmup": 2, "sparse_warmup": 8, "steps": 5}
+# The compute-bound model gains nothing from slow emulated networks beyond 1 Gbit/s.
+FULL_SKIP = {("cnn", "10gbit"), ("cnn", "100mbit")}
+QUICK = {"models": ["mlp25m", "cnn"], "nets": ["1gbit", "loopback"], "sizes": [4], "repeats": 2,
+         "warmup": 1, "sparse_warmup": 5, "steps": 3}
+QUICK_JOBS = {("mlp25m", "1gbit"), ("cnn", "loopback")}
+
+# The targets of issue 7 (end to end).
+COMM_BOUND = {"model": "mlp25m", "net": "1gbit", "size": 4}
+COMM_RATIO_MAX = 0.35
+COMPUTE_BOUND = {"model": "cnn", "net": "loopback"}
+COMPUTE_OVERHEAD_MAX = 0.15
+
+
+class StopRequestedError(Exception):
+    """SIGTERM or SIGHUP: stop like Ctrl-C (clean up the namespaces and the ranks)."""
+
+
+def rate_bits(rate: str) -> float | None:
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    return None
+
+
+def job_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_processes(commands: list[tuple[list[str], dict]], logdir: Path, timeout: float) -> None:
+    """Start every rank, wait for all; on a failure, timeout or interrupt kill every rank's
+    process group and raise with the logs' tails."""
+    procs = []
+    try:
+        for i, (cmd, env) in enumerate(commands):
+            log = open(logdir / f"rank{i}.log", "w")  # noqa: SIM115 -- closed with the process
+            procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True), log))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p, _ in procs):
+            failed = [p for p, _ in procs if p.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                raise RuntimeError("a rank failed" if failed else f"job exceeded {timeout:.0f} s")
+            time.sleep(0.5)
+        if any(p.returncode != 0 for p, _ in procs):
+            raise RuntimeError("a rank failed")
+    except BaseException as error:
+        for p, _ in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        for p, _ in procs:
+            p.wait()
+        tails = []
+        for i in range(len(procs)):
+            text = (logdir / f"rank{i}.log").read_text(errors="replace").splitlines()
+            text = [line for line in text if "I0000" not in line and "absl::" not in line]
+            tails.append(f"--- rank {i} ---\n" + "\n".join(text[-25:]))
+        if isinstance(error, RuntimeError):
+            raise RuntimeError(f"{error}\n" + "\n".join(tails)) from None
+        raise
+    finally:
+        for _, log in procs:
+            log.close()
+
+
+def launch_horovodrun(size: int, worker_args: list[str], logdir: Path, timeout: float) -> None:
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    cmd = [str(horovodrun), "--gloo", "-np", str(size), "-H", f"localhost:{size}",
+           sys.executable, str(WORKER), *worker_args]
+    run_processes([(cmd, job_env())], logdir, timeout)
+
+
+def launch_gloo(size: int, worker_args: list[str], logdir: Path, timeout: float,
+                namespaces: bool) -> None:
+    """Start the ranks as ``horovodrun --gloo`` would, one host name per rank; with
+    ``namespaces`` each rank inside its own network namespace (scripts/netns.sh)."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    from horovod.runner.http.http_server import RendezvousServer
+
+    names = [f"{PREFIX}{i}" if namespaces else f"rank{i}" for i in range(size)]
+    plan = get_host_assignments(parse_hosts(",".join(f"{n}:1" for n in names)), size)
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    try:
+        server.init(plan)
+        address, iface = (f"{SUBNET}.1", NS_IFACE) if namespaces else ("127.0.0.1", "lo")
+        common = {k: str(v) for k, v in create_run_env_vars(address, [iface], port).items()}
+        commands = []
+        for slot in plan:
+            env = job_env({**common, **{k: str(v) for k, v in create_slot_env_vars(slot).items()}})
+            cmd = [sys.executable, str(WORKER), *worker_args]
+            if namespaces:
+                cmd = ["ip", "netns", "exec", names[slot.rank], *cmd]
+            commands.append((cmd, env))
+        run_processes(commands, logdir, timeout)
+    finally:
+        server.stop()
+
+
+def netns(*args: str) -> str:
+    result = subprocess.run(["bash", str(NETNS), *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"netns.sh {' '.join(args)} failed:\n{result.stderr}")
+    return result.stdout.strip()
+
+
+def machine_info() -> dict:
+    info = {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
+    with contextlib.suppress(OSError):
+        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")]
+        info["cpu_model"] = models[0] if models else None
+    with contextlib.suppress(ValueError, OSError):
+        info["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return info
+
+
+# --- summaries --------------------------------------------------------------------------------
+def spread(values: list[float]) -> dict:
+    return {"median": statistics.median(values), "min": min(values), "max": max(values),
+            "n": len(values)}
+
+
+def summarize_job(job: dict) -> dict:
+    """Per configuration: step time and samples/s (median, [min, max] over repeats), the per-repeat
+    ratio to dense within the same repeat (median and range), and the statistics."""
+    records = job["records"]
+    by_config: dict[str, list[dict]] = {}
+    for r in records:
+        by_config.setdefault(r["config"], []).append(r)
+    dense = {r["repeat"]: r["step_seconds"] for r in by_config.get("dense", [])}
+    rows = {}
+    for config, recs in by_config.items():
+        steps = [r["step_seconds"] for r in recs]
+        row = {"step_seconds": spread(steps),
+               "samples_per_second": spread([job["size"] * job["batch_per_rank"] / s for s in steps])}
+        ratios = [r["step_seconds"] / dense[r["repeat"]] for r in recs if r["repeat"] in dense]
+        if ratios:
+            row["ratio_to_dense"] = spread(ratios)
+        for key in ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
+                    "comm_wait_seconds", "forward_seconds", "backward_seconds",
+                    "optimizer_step_seconds"):
+            row[key] = statistics.fmean(r[key] for r in recs)
+        rows[config] = row
+    return rows
+
+
+def evaluate_targets(jobs: list[dict]) -> list[dict]:
+    out = []
+
+    def find(model: str, net: str, size: int | None = None) -> list[dict]:
+        return [j for j in jobs if j["model"] == model and j["net"] == net
+                and (size is None or j["size"] == size)]
+
+    for job in find(**COMM_BOUND):
+        rows = job["summary"]
+        topk = rows.get("topk")
+        local = rows.get("local")
+        dense = rows.get("dense")
+        for config in ("exdyna", "exdyna-tracking"):
+            row = rows.get(config)
+            if row is None or "ratio_to_dense" not in row:
+                continue
+            ratio = row["ratio_to_dense"]["median"]
+            faster = None if topk is None else row["step_seconds"]["median"] < topk["step_seconds"]["median"]
+            out.append({
+                "target": f"{config} step <= {COMM_RATIO_MAX} x dense allreduce and faster than top-k "
+                          f"({job['model']}, {job['net']}, {job['size']} ranks)",
+                "config": config, "ratio_to_dense": ratio,
+                "ratio_range": [row["ratio_to_dense"]["min"], row["ratio_to_dense"]["max"]],
+                "step_ms": 1e3 * row["step_seconds"]["median"],
+                "topk_step_ms": None if topk is None else 1e3 * topk["step_seconds"]["median"],
+                "topk_ratio_to_dense": None if topk is None else topk["ratio_to_dense"]["median"],
+                "density_actual": row["density_actual"],
+                "topk_density_actual": None if topk is None else topk["density_actual"],
+                "compute_only_ratio_to_dense": None if local is None or dense is None
+                else local["ratio_to_dense"]["median"],
+                "met_ratio": ratio <= COMM_RATIO_MAX, "met_faster_than_topk": faster,
+                "met": bool(ratio <= COMM_RATIO_MAX and faster),
+            })
+    for job in find(**COMPUTE_BOUND):
+        rows = job["summary"]
+        for config in ("exdyna", "exdyna-tracking"):
+            row = rows.get(config)
+            if row is None or "ratio_to_dense" not in row:
+                continue
+            overhead = row["ratio_to_dense"]["median"] - 1
+            out.append({
+                "target": f"{config} overhead vs dense <= {COMPUTE_OVERHEAD_MAX:.0%} "
+                          f"({job['model']}, {job['net']}, {job['size']} ranks)",
+                "config": config, "overhead": overhead,
+                "overhead_range": [row["ratio_to_dense"]["min"] - 1, row["ratio_to_dense"]["max"] - 1],
+                "step_ms": 1e3 * row["step_seconds"]["median"],
+                "dense_step_ms": 1e3 * rows["dense"]["step_seconds"]["median"],
+                "met": overhead <= COMPUTE_OVERHEAD_MAX,
+            })
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = [f"### End to end ({result['mode']} run)", ""]
+    m = result["machine"]
+    lines += [
+        f"Machine: {m.get('cpus')} CPUs ({m.get('cpu_model')}), {m.get('memory_gb')} GiB, kernel "
+        f"{m.get('kernel')}, shared with other jobs (load average at start "
+        f"{result['load_average_start']}). Every rank runs one thread (`OMP_NUM_THREADS=1`, "
+        "`torch.set_num_threads(1)`); with 4 ranks on this machine ranks share cores, so the "
+        "computation itself is slower than on a dedicated host (the `local` row: same steps, no "
+        "communication).",
+        "",
+        f"Command: `{result['command']}`. Density {result['density']} for every sparsifier; "
+        f"{result['repeats']} repeats of {result['steps']} timed steps per configuration (after "
+        f"{result['warmup']} untimed, {result['sparse_warmup']} for sparsifiers, whose thresholds "
+        "settle), all configurations of a job side by side in one Horovod run, "
+        "order rotated across repeats. Step time: the slowest rank's mean; figures are medians "
+        "over repeats, [min–max] in brackets; ratio = step / dense step of the same repeat.",
+        "",
+        "Networks: `loopback` = `horovodrun --gloo` on one host; a rate = one network namespace "
+        "per rank, veth + bridge, both directions of each rank's link shaped with `tc tbf` "
+        f"({result['netem_note']}). `probe` = a raw Horovod allreduce's bus bandwidth "
+        "(bytes × 2(N−1)/N / time), median of 3.",
+        "",
+    ]
+    for job in result["jobs"]:
+        probe = job["probe"]
+        lines += [
+            f"#### {job['model']} ({job['numel'] / 1e6:.2f}M parameters, batch {job['batch_per_rank']}"
+            f"/rank), {job['size']} ranks, {job['net']}",
+            "",
+            f"probe: {probe['bus_gbit_s_median']:.2f} Gbit/s ({probe['bytes'] / 1e6:.0f} MB allreduce)"
+            + (f"; fp16 allreduce of the same element count: {probe['fp16_seconds_median'] * 1e3:.0f} ms"
+               f" vs fp32 {probe['fp32_seconds_median'] * 1e3:.0f} ms" if "fp16_seconds_median" in probe
+               else ""),
+            "",
+            "| config | step ms | samples/s | ratio to dense | achieved density | MB sent/rank/step "
+            "| fwd / bwd / opt.step() ms | select ms | comm wait ms |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for config in job["configs"]:
+            row = job["summary"].get(config)
+            if row is None:
+                continue
+            st, sp = row["step_seconds"], row["samples_per_second"]
+            ratio = row.get("ratio_to_dense")
+            ratio_text = "–" if ratio is None else (
+                f"{ratio['median']:.3f} [{ratio['min']:.3f}–{ratio['max']:.3f}]")
+            density = "–" if config == "local" else f"{row['density_actual']:.2e}"
+            if config in ("dense", "fp16"):
+                density = "1"
+            mb = "0" if config == "local" else f"{row['bytes_sent'] / 1e6:.3f}"
+            lines.append(
+                f"| {config} | {st['median'] * 1e3:.0f} [{st['min'] * 1e3:.0f}–{st['max'] * 1e3:.0f}] "
+                f"| {sp['median']:.1f} | {ratio_text} | {density} | {mb} "
+                f"| {row['forward_seconds'] * 1e3:.0f} / {row['backward_seconds'] * 1e3:.0f} / "
+                f"{row['optimizer_step_seconds'] * 1e3:.0f} "
+                f"| {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
+        lines.append("")
+    if result["targets"]:
+        lines += ["#### Targets", "", "| target | figure | met |", "|---|---|---|"]
+        for t in result["targets"]:
+            if "ratio_to_dense" in t:
+                figure = (f"{t['ratio_to_dense']:.3f}× dense [{t['ratio_range'][0]:.3f}–"
+                          f"{t['ratio_range'][1]:.3f}], {t['step_ms']:.0f} ms vs top-k "
+                          f"{t['topk_step_ms']:.0f} ms (density {t['density_actual']:.2e} vs top-k "
+                          f"{t['topk_density_actual']:.2e}); computation alone "
+                          f"{t['compute_only_ratio_to_dense']:.3f}× dense")
+                met = (f"{'yes' if t['met'] else 'no'} (ratio: {'met' if t['met_ratio'] else 'not met'}, "
+                       f"faster than top-k: {'yes' if t['met_faster_than_topk'] else 'no'})")
+            else:
+                figure = (f"{t['overhead']:+.1%} [{t['overhead_range'][0]:+.1%}–"
+                          f"{t['overhead_range'][1]:+.1%}] ({t['step_ms']:.0f} ms vs dense "
+                          f"{t['dense_step_ms']:.0f} ms)")
+                met = "yes" if t["met"] else "no"
+            lines.append(f"| {t['target']} | {figure} | {met} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def netem_available() -> bool:
+    try:
+        return "CONFIG_NET_SCH_NETEM=" in subprocess.run(
+            ["bash", "-c", "zcat /proc/config.gz 2>/dev/null | grep NET_SCH_NETEM"],
+            capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="the two target configurations only, 2 repeats of 3 steps")
+    parser.add_argument("--models", nargs="+", choices=sorted(WORKLOADS))
+    parser.add_argument("--nets", nargs="+", help="loopback and/or tc rates (e.g. 10gbit 1gbit 100mbit)")
+    parser.add_argument("--sizes", nargs="+", type=int)
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int)
+    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--sparse-warmup", type=int, help="untimed steps of each sparsifier")
+    parser.add_argument("--steps", type=int)
+    parser.add_argument("--delay", default="", help="one-way delay per link direction (needs sch_netem)")
+    parser.add_argument("--loopback-launcher", choices=["horovodrun", "direct"], default="horovodrun",
+                        help="direct: the namespace launcher's way, without namespaces, on lo")
+    parser.add_argument("--job-timeout", type=float, default=2400)
+    parser.add_argument("--out", help="output path without extension "
+                                      "(default bench/e2e, or bench/e2e-quick with --quick)")
+    args = parser.parse_args()
+
+    plan = dict(QUICK if args.quick else FULL)
+    explicit = any(v is not None for v in (args.models, args.nets, args.sizes))
+    for key in ("models", "nets", "sizes", "repeats", "warmup", "sparse_warmup", "steps"):
+        if getattr(args, key) is not None:
+            plan[key] = getattr(args, key)
+    out = Path(args.out or (REPO / "bench" / ("e2e-quick" if args.quick else "e2e")))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    configs = args.configs.split(",")
+    for c in configs:
+        if c not in CONFIGS:
+            parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}")
+    jobs_to_run = []
+    for model in plan["models"]:
+        for net in plan["nets"]:
+            if not explicit and (model, net) in (set() if args.quick else FULL_SKIP):
+                continue
+            if args.quick and not explicit and (model, net) not in QUICK_JOBS:
+                continue
+            for size in plan["sizes"]:
+                jobs_to_run.append((model, net, size))
+    shaped = [net for _, net, _ in jobs_to_run if net != "loopback"]
+    for net in shaped:
+        if rate_bits(net) is None:
+            parser.error(f"network {net!r}: use loopback or a tc rate such as 1gbit or 100mbit")
+    if shaped and os.geteuid() != 0:
+        parser.error("emulated networks need root (network namespaces, veth, tc); "
+                     "run as root or use --nets loopback")
+    if args.delay and not netem_available():
+        parser.error("--delay needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM)")
+
+    def on_signal(signum, frame):
+        raise StopRequestedError(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    result = {
+        "mode": "quick" if args.quick else ("custom" if explicit else "full"),
+        "command": "python scripts/bench_e2e.py " + " ".join(sys.argv[1:]),
+        "machine": machine_info(), "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "density": args.density, "repeats": plan["repeats"], "warmup": plan["warmup"],
+        "sparse_warmup": plan["sparse_warmup"], "steps": plan["steps"], "delay": args.delay or None,
+        "netem_note": ("no added delay: this kernel has no sch_netem" if not netem_available()
+                       else (f"delay {args.delay} per direction" if args.delay else "no added delay")),
+        "jobs": [], "targets": [],
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="bench_e2e."))
+    try:
+        for model, net, size in jobs_to_run:
+            batch = WORKLOADS[model]
+            bits = rate_bits(net)
+            # The probe moves about 0.3 s of traffic at the emulated rate (capped at 64 MB).
+            probe_mb = 64.0 if bits is None else min(64.0, bits * 0.3 / 8 / 1e6 / (2 * (size - 1) / size))
+            steps = plan["steps"]
+            if bits is not None and bits < 5e8 and model.startswith("mlp25m"):
+                steps = max(2, min(steps, 3))  # a dense step moves ~150 MB per link at 4 ranks
+            jobdir = workdir / f"{model}-{net}-{size}"
+            jobdir.mkdir()
+            worker_args = ["--model", model, "--batch", str(batch), "--configs", ",".join(configs),
+                           "--density", str(args.density), "--repeats", str(plan["repeats"]),
+                           "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),
+                           "--steps", str(steps),
+                           "--probe-mb", f"{probe_mb:.3f}", "--out", str(jobdir / "result.json")]
+            print(f"[bench_e2e] {model} batch {batch}/rank, {size} ranks, {net}: "
+                  f"{len(configs)} configurations x {plan['repeats']} repeats", flush=True)
+            load_before = [round(x, 2) for x in os.getloadavg()]
+            began = time.time()
+            if net == "loopback":
+                if args.loopback_launcher == "horovodrun":
+                    launch_horovodrun(size, worker_args, jobdir, args.job_timeout)
+                else:
+                    launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=False)
+                launcher = f"{args.loopback_launcher} (lo)"
+            else:
+                print("[bench_e2e]   " + netns("up", str(size), net, *([args.delay] if args.delay else [])),
+                      flush=True)
+                launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=True)
+                launcher = "gloo in network namespaces"
+            job = json.loads((jobdir / "result.json").read_text())
+            job.update(net=net, launcher=launcher, wall_seconds=round(time.time() - began, 1),
+                       load_average_before=load_before,
+                       load_average_after=[round(x, 2) for x in os.getloadavg()])
+            job["summary"] = summarize_job(job)
+            result["jobs"].append(job)
+            for config in configs:
+                row = job["summary"].get(config)
+                if row:
+                    ratio = row.get("ratio_to_dense", {}).get("median", float("nan"))
+                    print(f"[bench_e2e]   {config:16s} {row['step_seconds']['median'] * 1e3:8.1f} ms "
+                          f"x{ratio:.3f} dense", flush=True)
+            result["targets"] = evaluate_targets(result["jobs"])
+            write(out, result)  # after every job: an interrupted run keeps what it measured
+    except (KeyboardInterrupt, StopRequestedError):
+        print("[bench_e2e] interrupted; results so far are in " + str(out) + ".json", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if any(net != "loopback" for _, net, _ in jobs_to_run):
+            try:
+                netns("down")
+            except RuntimeError as error:
+                print(error, file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
+    write(out, result)
+    for t in result["targets"]:
+        print(f"[bench_e2e] target: {t['target']}: {'met' if t['met'] else 'NOT met'}")
+    print(f"[bench_e2e] wrote {out}.json and {out}.md")
+
+
+def write(out: Path, result: dict) -> None:
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1))
+    Path(f"{out}.md").write_text(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,257 @@
+"""One rank of the end-to-end benchmark (started by scripts/bench_e2e.py, one process per rank).
+
+Every configuration -- dense allreduce, Horovod's fp16 compression, every sparsifier, and a
+no-communication reference -- runs in this one job, side by side: per repeat, the configurations
+run one after another in an order rotated (and reversed every other repeat) from repeat to repeat,
+so slow drifts of a shared machine spread over all of them. Each block builds a fresh model from
+the same seed, wraps stock ``hvd.DistributedOptimizer`` with the configuration's ``compression=``
+(as a user would), runs ``--warmup`` untimed steps (the first step plans the buckets), then
+``--steps`` timed steps. A step is ``zero_grad``, forward, backward (Horovod's hooks start the
+communication), ``optimizer.step()`` (waits for it and updates the weights); its time is read
+after ``step()`` returns, and the job's step time is the slowest rank's mean over the block.
+
+Before the blocks, a raw Horovod allreduce of ``--probe-mb`` MB (fp32) measures the bandwidth the
+network really gives, and a no-communication block measures what the computation alone costs.
+Rank 0 writes every block's record, with each rank's statistics, to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+
+# name -> (registry method or a Horovod compression, options). "local" trains without any
+# communication: the computation's own cost, measured under the same CPU contention.
+CONFIGS: dict[str, tuple[str, dict]] = {
+    "dense": ("horovod", {"compression": "none"}),
+    "fp16": ("horovod", {"compression": "fp16"}),
+    "exdyna": ("exdyna", {}),
+    "exdyna-tracking": ("exdyna", {"threshold": "tracking"}),
+    "micro": ("micro", {}),
+    "deft": ("deft", {}),
+    "lags": ("lags", {}),
+    "topk": ("topk", {}),
+    "randomk": ("randomk", {}),
+    "threshold": ("threshold", {}),
+    "gaussiank": ("gaussiank", {}),
+    "dgc": ("dgc", {}),
+    "local": ("local", {}),
+}
+
+STAT_KEYS = ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
+             "comm_wait_seconds", "comm_inflight_seconds")
+
+MODELS = ("mlp25m", "mlp7m", "cnn")
+
+
+def build_model(name: str):
+    """The benchmark models, built from seed 0 on every rank (identical weights, no broadcast).
+
+    mlp25m: 1024 -> 2048 (x6 hidden) -> 1024 -> 10, 25.2M parameters in 8 weight tensors, little
+    arithmetic per parameter: at a small batch, exchanging its gradient dominates a step on a
+    slow network. mlp7m: the same shape at 1024 wide (7.4M). cnn: 5 convolutions on 3x32x32 images
+    with a small head, 0.6M parameters and much arithmetic per parameter (compute-bound).
+    """
+    import torch
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    if name in ("mlp25m", "mlp7m"):
+        width = 2048 if name == "mlp25m" else 1024
+        layers: list = [nn.Linear(1024, width), nn.ReLU()]
+        for _ in range(5):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        layers += [nn.Linear(width, 1024), nn.ReLU(), nn.Linear(1024, 10)]
+        return nn.Sequential(*layers), (1024,)
+    if name == "cnn":
+        def block(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU()]
+        layers = [*block(3, 32), *block(32, 64), nn.MaxPool2d(2), *block(64, 128), *block(128, 128),
+                  nn.MaxPool2d(2), *block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                  nn.Linear(256, 10)]
+        return nn.Sequential(*layers), (3, 32, 32)
+    raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+
+
+def block_order(configs: list[str], repeat: int) -> list[str]:
+    """Rotate by the repeat and reverse every other repeat: each configuration runs early, late,
+    before and after each other one across repeats."""
+    shift = repeat % len(configs)
+    order = configs[shift:] + configs[:shift]
+    return order[::-1] if repeat % 2 else order
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="mlp25m")
+    parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--sparse-warmup", type=int, default=8,
+                        help="untimed steps of a sparsifier (thresholds settle)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--stat-steps", type=int, default=2,
+                        help="untimed steps after the timed ones, each followed by stats()")
+    parser.add_argument("--probe-mb", type=float, default=32.0)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import horovod.torch as hvd
+    import torch
+    import torch.nn.functional as F
+
+    import hvd_sparse
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+
+    probe = bandwidth_probe(hvd, torch, args.probe_mb, size)
+
+    generator = torch.Generator().manual_seed(1000 + rank)
+    _, shape = build_model(args.model)
+    batches = [(torch.randn(args.batch, *shape, generator=generator),
+                torch.randint(0, 10, (args.batch,), generator=generator)) for _ in range(4)]
+
+    def run_block(config: str, repeat: int) -> dict:
+        method, options = CONFIGS[config]
+        model, _ = build_model(args.model)
+        named = list(model.named_parameters())
+        numel = sum(p.numel() for _, p in named)
+        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
+        compressor = None
+        if method == "horovod":
+            compression = getattr(hvd.Compression, options["compression"])
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
+                                                 compression=compression)
+        elif method != "local":
+            compressor = hvd_sparse.create(method, framework="torch", density=args.density,
+                                           named_parameters=named, prefix=f"e2e.{config}.{repeat}",
+                                           **options)
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
+                                                 compression=compressor)
+        def train_step(step: int) -> tuple[float, float, float]:
+            """One step; returns the seconds of zero_grad + forward, backward (Horovod's hooks
+            and, for some methods, selection run here) and optimizer.step() (waiting for the
+            exchange, reconstruction, the update)."""
+            x, y = batches[step % len(batches)]
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            loss = F.cross_entropy(model(x), y)
+            t1 = time.perf_counter()
+            loss.backward()
+            t2 = time.perf_counter()
+            optimizer.step()
+            return t1 - t0, t2 - t1, time.perf_counter() - t2
+
+        warmup = args.warmup if method in ("horovod", "local") else args.sparse_warmup
+        for step in range(warmup):
+            train_step(step)
+        # Timed phase: nothing but training steps (stats() computes the residual norm, a pass
+        # over the model: it stays out of the timed steps).
+        step_times = []
+        phases = [0.0, 0.0, 0.0]
+        hvd.barrier()
+        began = last = time.perf_counter()
+        for step in range(warmup, warmup + args.steps):
+            for i, seconds in enumerate(train_step(step)):
+                phases[i] += seconds / args.steps
+            now = time.perf_counter()
+            step_times.append(now - last)
+            last = now
+        mean_step = (last - began) / args.steps
+        # Statistics phase: a few more steps, each followed by stats().
+        sums = dict.fromkeys(STAT_KEYS, 0.0)
+        if compressor is not None:
+            for step in range(warmup + args.steps, warmup + args.steps + args.stat_steps):
+                train_step(step)
+                stats = compressor.stats()
+                for key in STAT_KEYS:
+                    sums[key] += float(stats.get(key, 0.0)) / args.stat_steps
+        record = {"config": config, "repeat": repeat, "rank": rank, "numel": numel,
+                  "mean_step": mean_step, "step_times": step_times, "forward_seconds": phases[0],
+                  "backward_seconds": phases[1], "optimizer_step_seconds": phases[2]}
+        record.update(sums)
+        if compressor is None and method == "horovod":
+            itemsize = 2 if options["compression"] == "fp16" else 4
+            record.update(density_actual=1.0, buildup=1.0, bytes_sent=numel * itemsize,
+                          bytes_received=numel * itemsize)
+        return record
+
+    records = []
+    for repeat in range(args.repeats):
+        for config in block_order(configs, repeat):
+            mine = run_block(config, repeat)
+            gc.collect()  # the block's model, optimizer and compressor (residuals) go now
+            everyone = hvd.allgather_object(mine, name=f"e2e.record.{config}.{repeat}")
+            if rank == 0:
+                records.append(merge_ranks(everyone))
+                print(f"[e2e] repeat {repeat} {config}: {records[-1]['step_seconds'] * 1e3:.1f} ms/step",
+                      flush=True)
+
+    if rank == 0:
+        out = {
+            "model": args.model, "numel": records[0]["numel"] if records else None,
+            "batch_per_rank": args.batch, "size": size, "density": args.density,
+            "repeats": args.repeats, "warmup": args.warmup, "sparse_warmup": args.sparse_warmup,
+            "steps": args.steps, "stat_steps": args.stat_steps,
+            "configs": configs, "probe": probe, "records": records,
+            "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
+                                                        "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
+            "torch": torch.__version__, "python": platform.python_version(),
+        }
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    hvd.shutdown()
+
+
+def merge_ranks(per_rank: list[dict]) -> dict:
+    """One record per block: the job's pace is its slowest rank; statistics averaged over ranks."""
+    first = per_rank[0]
+    merged = {"config": first["config"], "repeat": first["repeat"], "numel": first["numel"],
+              "step_seconds": max(r["mean_step"] for r in per_rank),
+              "rank_step_seconds": [r["mean_step"] for r in per_rank],
+              "step_times": [max(times) for times in zip(*(r["step_times"] for r in per_rank),
+                                                         strict=True)]}
+    for key in (*STAT_KEYS, "forward_seconds", "backward_seconds", "optimizer_step_seconds"):
+        merged[key] = statistics.fmean(r[key] for r in per_rank)
+    return merged
+
+
+def bandwidth_probe(hvd, torch, megabytes: float, size: int) -> dict:
+    """Time raw Horovod allreduces of ``megabytes`` MB of fp32 (median of 3 after one untimed):
+    the bus bandwidth (bytes x 2(N-1)/N / time, what each rank's link carries each way in a ring)
+    shows whether the emulated network gives what it was set to. The same element count in fp16
+    shows what Horovod's fp16 compression gains or costs on this transport."""
+    numel = max(1, int(megabytes * 1e6 / 4))
+    out: dict = {"bytes": numel * 4}
+    for dtype, label in ((torch.float32, "fp32"), (torch.float16, "fp16")):
+        tensor = torch.ones(numel, dtype=dtype)
+        times = []
+        for i in range(4):
+            hvd.barrier()
+            began = time.perf_counter()
+            hvd.allreduce(tensor, name=f"e2e.probe.{label}.{i}", op=hvd.Sum)
+            times.append(time.perf_counter() - began)
+        out[f"{label}_seconds"] = times[1:]
+        out[f"{label}_seconds_median"] = statistics.median(times[1:])
+    bus_bits = numel * 4 * 2 * (size - 1) / size * 8
+    out["bus_gbit_s_median"] = bus_bits / out["fp32_seconds_median"] / 1e9
+    out["bus_gbit_s_best"] = bus_bits / min(out["fp32_seconds"]) / 1e9
+    return out
+
+
+if __name__ == "__main__":
+    main()
