@@ -52,15 +52,25 @@ SUBNET = os.environ.get("HVDS_NETNS_SUBNET", "10.231.0")
 NS_IFACE = f"{PREFIX}eth"
 SPARSIFIERS = [c for c in CONFIGS if c not in ("dense", "fp16", "local")]
 
-# (model, samples per rank per step): mlp25m is the communication-bound model of the target
-# (25.2M parameters, little arithmetic per parameter); cnn the compute-bound one (0.54M).
-WORKLOADS = {"mlp25m": 8, "mlp7m": 8, "cnn": 32}
+# Per model: samples per rank per step, and how configurations share the job. mlp25m is the
+# communication-bound model of the target (25.2M parameters, little arithmetic per parameter);
+# one configuration is alive at a time (13 copies of its residuals would not fit 4 ranks here).
+# cnn is the compute-bound one (0.54M parameters): every configuration stays alive and they take
+# turns step by step, which keeps small differences measurable on a busy machine.
+WORKLOADS = {"mlp25m": {"batch": 8, "schedule": "blocks"},
+             "mlp7m": {"batch": 8, "schedule": "blocks"},
+             "cnn": {"batch": 32, "schedule": "interleaved"}}
+TARGET_CONFIGS = ["dense", "fp16", "exdyna", "exdyna-tracking", "topk", "local"]
+# repeats: visits of each configuration (blocks of `steps` timed steps); rounds: interleaved
+# steps of each configuration.
 FULL = {"models": ["mlp25m", "cnn"], "nets": ["loopback", "10gbit", "1gbit", "100mbit"],
-        "sizes": [2, 4], "repeats": 3, "warmup": 2, "sparse_warmup": 8, "steps": 5}
-# The compute-bound model gains nothing from slow emulated networks beyond 1 Gbit/s.
-FULL_SKIP = {("cnn", "10gbit"), ("cnn", "100mbit")}
-QUICK = {"models": ["mlp25m", "cnn"], "nets": ["1gbit", "loopback"], "sizes": [4], "repeats": 2,
-         "warmup": 1, "sparse_warmup": 5, "steps": 3}
+        "sizes": [2, 4], "configs": list(CONFIGS), "repeats": 3, "rounds": 20, "warmup": 2,
+        "sparse_warmup": 12, "steps": 4}
+FULL_SKIP = {("cnn", "10gbit"), ("cnn", "100mbit")}   # nothing to learn from a slower network
+FULL_EXTRA_REPEATS = {("mlp25m", "1gbit", 4): 5}       # the target configuration
+QUICK = {"models": ["mlp25m", "cnn"], "nets": ["1gbit", "loopback"], "sizes": [4],
+         "configs": TARGET_CONFIGS, "repeats": 3, "rounds": 10, "warmup": 1, "sparse_warmup": 8,
+         "steps": 2}
 QUICK_JOBS = {("mlp25m", "1gbit"), ("cnn", "loopback")}
 
 # The targets of issue 7 (end to end).
@@ -186,8 +196,10 @@ def machine_info() -> dict:
 
 # --- summaries --------------------------------------------------------------------------------
 def spread(values: list[float]) -> dict:
-    return {"median": statistics.median(values), "min": min(values), "max": max(values),
-            "n": len(values)}
+    """Median, quartiles (inclusive method: within [min, max] even for 2-3 values) and range."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values),
+            "max": max(values), "n": len(values)}
 
 
 def summarize_job(job: dict) -> dict:
@@ -208,7 +220,7 @@ def summarize_job(job: dict) -> dict:
             row["ratio_to_dense"] = spread(ratios)
         for key in ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
                     "comm_wait_seconds", "forward_seconds", "backward_seconds",
-                    "optimizer_step_seconds"):
+                    "optimizer_step_seconds", "slowest_compute_seconds", "after_compute_seconds"):
             row[key] = statistics.fmean(r[key] for r in recs)
         rows[config] = row
     return rows
@@ -236,7 +248,7 @@ def evaluate_targets(jobs: list[dict]) -> list[dict]:
                 "target": f"{config} step <= {COMM_RATIO_MAX} x dense allreduce and faster than top-k "
                           f"({job['model']}, {job['net']}, {job['size']} ranks)",
                 "config": config, "ratio_to_dense": ratio,
-                "ratio_range": [row["ratio_to_dense"]["min"], row["ratio_to_dense"]["max"]],
+                "ratio_quartiles": [row["ratio_to_dense"]["q1"], row["ratio_to_dense"]["q3"]],
                 "step_ms": 1e3 * row["step_seconds"]["median"],
                 "topk_step_ms": None if topk is None else 1e3 * topk["step_seconds"]["median"],
                 "topk_ratio_to_dense": None if topk is None else topk["ratio_to_dense"]["median"],
@@ -258,7 +270,7 @@ def evaluate_targets(jobs: list[dict]) -> list[dict]:
                 "target": f"{config} overhead vs dense <= {COMPUTE_OVERHEAD_MAX:.0%} "
                           f"({job['model']}, {job['net']}, {job['size']} ranks)",
                 "config": config, "overhead": overhead,
-                "overhead_range": [row["ratio_to_dense"]["min"] - 1, row["ratio_to_dense"]["max"] - 1],
+                "overhead_quartiles": [row["ratio_to_dense"]["q1"] - 1, row["ratio_to_dense"]["q3"] - 1],
                 "step_ms": 1e3 * row["step_seconds"]["median"],
                 "dense_step_ms": 1e3 * rows["dense"]["step_seconds"]["median"],
                 "met": overhead <= COMPUTE_OVERHEAD_MAX,
@@ -277,12 +289,21 @@ def markdown(result: dict) -> str:
         "computation itself is slower than on a dedicated host (the `local` row: same steps, no "
         "communication).",
         "",
-        f"Command: `{result['command']}`. Density {result['density']} for every sparsifier; "
-        f"{result['repeats']} repeats of {result['steps']} timed steps per configuration (after "
-        f"{result['warmup']} untimed, {result['sparse_warmup']} for sparsifiers, whose thresholds "
-        "settle), all configurations of a job side by side in one Horovod run, "
-        "order rotated across repeats. Step time: the slowest rank's mean; figures are medians "
-        "over repeats, [min–max] in brackets; ratio = step / dense step of the same repeat.",
+        f"Command: `{result['command']}`. Density {result['density']} for every sparsifier. "
+        "All configurations of a job run side by side in one Horovod run: `blocks` = per repeat, "
+        "each configuration in turn (order rotated and reversed across repeats), built afresh, "
+        f"{result['plan']['warmup']} untimed steps ({result['plan']['sparse_warmup']} for "
+        "sparsifiers, whose thresholds settle), then the timed steps; `interleaved` = every "
+        "configuration alive, one timed step of each per round, order rotated. Each timed step "
+        "starts with the ranks aligned (an untimed barrier) and counts until the slowest rank's "
+        "`optimizer.step()` returns. Figures: median over visits (blocks) or rounds (interleaved), "
+        "[quartiles] in brackets; ratio = step / dense step of the same visit or round, median "
+        "[quartiles]. `slowest fwd+bwd`: when the last rank finished its backward pass (mean over "
+        "steps; ranks share cores, so it exceeds one rank's computation); `after it`: the rest of "
+        "the step -- the exchange the backward pass did not hide, reconstruction, the update. "
+        "Statistics (achieved density = aggregated distinct entries / entries, MB this rank sent "
+        "per step, selection time, time `optimizer.step()` blocked on collectives) come from a "
+        "few untimed steps after the timed ones.",
         "",
         "Networks: `loopback` = `horovodrun --gloo` on one host; a rate = one network namespace "
         "per rank, veth + bridge, both directions of each rank's link shaped with `tc tbf` "
@@ -296,14 +317,18 @@ def markdown(result: dict) -> str:
             f"#### {job['model']} ({job['numel'] / 1e6:.2f}M parameters, batch {job['batch_per_rank']}"
             f"/rank), {job['size']} ranks, {job['net']}",
             "",
+            f"{job['schedule']}: {job['repeats']} × {job['steps']} timed steps per configuration; "
+            f"launcher: {job['launcher']}; {job['wall_seconds']:.0f} s; load average before/after "
+            f"{job['load_average_before'][0]:.1f} / {job['load_average_after'][0]:.1f}.",
+            "",
             f"probe: {probe['bus_gbit_s_median']:.2f} Gbit/s ({probe['bytes'] / 1e6:.0f} MB allreduce)"
             + (f"; fp16 allreduce of the same element count: {probe['fp16_seconds_median'] * 1e3:.0f} ms"
                f" vs fp32 {probe['fp32_seconds_median'] * 1e3:.0f} ms" if "fp16_seconds_median" in probe
                else ""),
             "",
             "| config | step ms | samples/s | ratio to dense | achieved density | MB sent/rank/step "
-            "| fwd / bwd / opt.step() ms | select ms | comm wait ms |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| slowest fwd+bwd ms | after it ms | select ms | comm wait ms |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for config in job["configs"]:
             row = job["summary"].get(config)
@@ -312,32 +337,31 @@ def markdown(result: dict) -> str:
             st, sp = row["step_seconds"], row["samples_per_second"]
             ratio = row.get("ratio_to_dense")
             ratio_text = "–" if ratio is None else (
-                f"{ratio['median']:.3f} [{ratio['min']:.3f}–{ratio['max']:.3f}]")
+                f"{ratio['median']:.3f} [{ratio['q1']:.3f}–{ratio['q3']:.3f}]")
             density = "–" if config == "local" else f"{row['density_actual']:.2e}"
             if config in ("dense", "fp16"):
                 density = "1"
             mb = "0" if config == "local" else f"{row['bytes_sent'] / 1e6:.3f}"
             lines.append(
-                f"| {config} | {st['median'] * 1e3:.0f} [{st['min'] * 1e3:.0f}–{st['max'] * 1e3:.0f}] "
+                f"| {config} | {st['median'] * 1e3:.0f} [{st['q1'] * 1e3:.0f}–{st['q3'] * 1e3:.0f}] "
                 f"| {sp['median']:.1f} | {ratio_text} | {density} | {mb} "
-                f"| {row['forward_seconds'] * 1e3:.0f} / {row['backward_seconds'] * 1e3:.0f} / "
-                f"{row['optimizer_step_seconds'] * 1e3:.0f} "
+                f"| {row['slowest_compute_seconds'] * 1e3:.0f} | {row['after_compute_seconds'] * 1e3:.0f} "
                 f"| {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
         lines.append("")
     if result["targets"]:
         lines += ["#### Targets", "", "| target | figure | met |", "|---|---|---|"]
         for t in result["targets"]:
             if "ratio_to_dense" in t:
-                figure = (f"{t['ratio_to_dense']:.3f}× dense [{t['ratio_range'][0]:.3f}–"
-                          f"{t['ratio_range'][1]:.3f}], {t['step_ms']:.0f} ms vs top-k "
+                figure = (f"{t['ratio_to_dense']:.3f}× dense [{t['ratio_quartiles'][0]:.3f}–"
+                          f"{t['ratio_quartiles'][1]:.3f}], {t['step_ms']:.0f} ms vs top-k "
                           f"{t['topk_step_ms']:.0f} ms (density {t['density_actual']:.2e} vs top-k "
                           f"{t['topk_density_actual']:.2e}); computation alone "
                           f"{t['compute_only_ratio_to_dense']:.3f}× dense")
                 met = (f"{'yes' if t['met'] else 'no'} (ratio: {'met' if t['met_ratio'] else 'not met'}, "
                        f"faster than top-k: {'yes' if t['met_faster_than_topk'] else 'no'})")
             else:
-                figure = (f"{t['overhead']:+.1%} [{t['overhead_range'][0]:+.1%}–"
-                          f"{t['overhead_range'][1]:+.1%}] ({t['step_ms']:.0f} ms vs dense "
+                figure = (f"{t['overhead']:+.1%} [{t['overhead_quartiles'][0]:+.1%}–"
+                          f"{t['overhead_quartiles'][1]:+.1%}] ({t['step_ms']:.0f} ms vs dense "
                           f"{t['dense_step_ms']:.0f} ms)")
                 met = "yes" if t["met"] else "no"
             lines.append(f"| {t['target']} | {figure} | {met} |")
@@ -358,41 +382,44 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
-                        help="the two target configurations only, 2 repeats of 3 steps")
+                        help="the two target configurations, the target methods, fewer repeats "
+                             "(a few minutes)")
     parser.add_argument("--models", nargs="+", choices=sorted(WORKLOADS))
     parser.add_argument("--nets", nargs="+", help="loopback and/or tc rates (e.g. 10gbit 1gbit 100mbit)")
     parser.add_argument("--sizes", nargs="+", type=int)
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--density", type=float, default=0.001)
-    parser.add_argument("--repeats", type=int)
-    parser.add_argument("--warmup", type=int)
+    parser.add_argument("--repeats", type=int, help="visits per configuration (blocks schedule)")
+    parser.add_argument("--rounds", type=int, help="steps per configuration (interleaved schedule)")
+    parser.add_argument("--warmup", type=int, help="untimed steps of dense, fp16 and local")
     parser.add_argument("--sparse-warmup", type=int, help="untimed steps of each sparsifier")
-    parser.add_argument("--steps", type=int)
+    parser.add_argument("--steps", type=int, help="timed steps per visit (blocks schedule)")
     parser.add_argument("--delay", default="", help="one-way delay per link direction (needs sch_netem)")
     parser.add_argument("--loopback-launcher", choices=["horovodrun", "direct"], default="horovodrun",
                         help="direct: the namespace launcher's way, without namespaces, on lo")
-    parser.add_argument("--job-timeout", type=float, default=2400)
+    parser.add_argument("--job-timeout", type=float, default=3600)
     parser.add_argument("--out", help="output path without extension "
                                       "(default bench/e2e, or bench/e2e-quick with --quick)")
     args = parser.parse_args()
 
     plan = dict(QUICK if args.quick else FULL)
     explicit = any(v is not None for v in (args.models, args.nets, args.sizes))
-    for key in ("models", "nets", "sizes", "repeats", "warmup", "sparse_warmup", "steps"):
+    for key in ("models", "nets", "sizes", "repeats", "rounds", "warmup", "sparse_warmup", "steps"):
         if getattr(args, key) is not None:
             plan[key] = getattr(args, key)
-    out = Path(args.out or (REPO / "bench" / ("e2e-quick" if args.quick else "e2e")))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    configs = args.configs.split(",")
+    if args.configs:
+        plan["configs"] = args.configs.split(",")
+    configs = plan["configs"]
     for c in configs:
         if c not in CONFIGS:
             parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}")
+    out = Path(args.out or (REPO / "bench" / ("e2e-quick" if args.quick else "e2e")))
+    out.parent.mkdir(parents=True, exist_ok=True)
     jobs_to_run = []
     for model in plan["models"]:
         for net in plan["nets"]:
-            if not explicit and (model, net) in (set() if args.quick else FULL_SKIP):
-                continue
-            if args.quick and not explicit and (model, net) not in QUICK_JOBS:
+            wanted = (model, net) in QUICK_JOBS if args.quick else (model, net) not in FULL_SKIP
+            if not (explicit or wanted):
                 continue
             for size in plan["sizes"]:
                 jobs_to_run.append((model, net, size))
@@ -413,11 +440,10 @@ def main() -> None:
     signal.signal(signal.SIGHUP, on_signal)
 
     result = {
-        "mode": "quick" if args.quick else ("custom" if explicit else "full"),
+        "mode": "quick" if args.quick else ("custom" if explicit or args.configs else "full"),
         "command": "python scripts/bench_e2e.py " + " ".join(sys.argv[1:]),
         "machine": machine_info(), "load_average_start": [round(x, 2) for x in os.getloadavg()],
-        "density": args.density, "repeats": plan["repeats"], "warmup": plan["warmup"],
-        "sparse_warmup": plan["sparse_warmup"], "steps": plan["steps"], "delay": args.delay or None,
+        "density": args.density, "plan": plan, "delay": args.delay or None,
         "netem_note": ("no added delay: this kernel has no sch_netem" if not netem_available()
                        else (f"delay {args.delay} per direction" if args.delay else "no added delay")),
         "jobs": [], "targets": [],
@@ -425,22 +451,29 @@ def main() -> None:
     workdir = Path(tempfile.mkdtemp(prefix="bench_e2e."))
     try:
         for model, net, size in jobs_to_run:
-            batch = WORKLOADS[model]
+            batch, schedule = WORKLOADS[model]["batch"], WORKLOADS[model]["schedule"]
             bits = rate_bits(net)
             # The probe moves about 0.3 s of traffic at the emulated rate (capped at 64 MB).
             probe_mb = 64.0 if bits is None else min(64.0, bits * 0.3 / 8 / 1e6 / (2 * (size - 1) / size))
             steps = plan["steps"]
-            if bits is not None and bits < 5e8 and model.startswith("mlp25m"):
-                steps = max(2, min(steps, 3))  # a dense step moves ~150 MB per link at 4 ranks
+            if bits is not None and bits < 5e8 and model == "mlp25m":
+                steps = min(steps, 2)  # a dense step moves ~150 MB per link at 4 ranks
+            if schedule == "interleaved":
+                repeats, steps = plan["rounds"], 1
+            else:
+                repeats = plan["repeats"]
+                if not (args.quick or explicit or args.repeats):
+                    repeats = FULL_EXTRA_REPEATS.get((model, net, size), repeats)
             jobdir = workdir / f"{model}-{net}-{size}"
             jobdir.mkdir()
             worker_args = ["--model", model, "--batch", str(batch), "--configs", ",".join(configs),
-                           "--density", str(args.density), "--repeats", str(plan["repeats"]),
+                           "--density", str(args.density), "--repeats", str(repeats),
+                           "--schedule", schedule,
                            "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),
                            "--steps", str(steps),
                            "--probe-mb", f"{probe_mb:.3f}", "--out", str(jobdir / "result.json")]
-            print(f"[bench_e2e] {model} batch {batch}/rank, {size} ranks, {net}: "
-                  f"{len(configs)} configurations x {plan['repeats']} repeats", flush=True)
+            print(f"[bench_e2e] {model} batch {batch}/rank, {size} ranks, {net}: {len(configs)} "
+                  f"configurations, {schedule}, {repeats} x {steps} timed steps each", flush=True)
             load_before = [round(x, 2) for x in os.getloadavg()]
             began = time.time()
             if net == "loopback":

@@ -101,12 +101,15 @@ def main() -> None:
                         help="untimed steps after the timed ones, each followed by stats()")
     parser.add_argument("--probe-mb", type=float, default=32.0)
     parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--schedule", choices=("blocks", "interleaved"), default="blocks",
+                        help="blocks: per repeat, each configuration in turn, built afresh, "
+                             "--steps steps; interleaved: every configuration alive, one step "
+                             "each per round (--repeats rounds)")
     parser.add_argument("--out", required=True)
     args = parser.parse_args()
 
     import horovod.torch as hvd
     import torch
-    import torch.nn.functional as F
 
     import hvd_sparse
 
@@ -125,89 +128,55 @@ def main() -> None:
     batches = [(torch.randn(args.batch, *shape, generator=generator),
                 torch.randint(0, 10, (args.batch,), generator=generator)) for _ in range(4)]
 
-    def run_block(config: str, repeat: int) -> dict:
-        method, options = CONFIGS[config]
-        model, _ = build_model(args.model)
-        named = list(model.named_parameters())
-        numel = sum(p.numel() for _, p in named)
-        optimizer = torch.optim.SGD(model.parameters(), lr=args.lr)
-        compressor = None
-        if method == "horovod":
-            compression = getattr(hvd.Compression, options["compression"])
-            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
-                                                 compression=compression)
-        elif method != "local":
-            compressor = hvd_sparse.create(method, framework="torch", density=args.density,
-                                           named_parameters=named, prefix=f"e2e.{config}.{repeat}",
-                                           **options)
-            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
-                                                 compression=compressor)
-        def train_step(step: int) -> tuple[float, float, float]:
-            """One step; returns the seconds of zero_grad + forward, backward (Horovod's hooks
-            and, for some methods, selection run here) and optimizer.step() (waiting for the
-            exchange, reconstruction, the update)."""
-            x, y = batches[step % len(batches)]
-            t0 = time.perf_counter()
-            optimizer.zero_grad()
-            loss = F.cross_entropy(model(x), y)
-            t1 = time.perf_counter()
-            loss.backward()
-            t2 = time.perf_counter()
-            optimizer.step()
-            return t1 - t0, t2 - t1, time.perf_counter() - t2
+    def make_trainer(config: str, tag: str) -> Trainer:
+        return Trainer(config, args, tag, hvd, torch, hvd_sparse)
 
-        warmup = args.warmup if method in ("horovod", "local") else args.sparse_warmup
-        for step in range(warmup):
-            train_step(step)
-        # Timed phase: nothing but training steps (stats() computes the residual norm, a pass
-        # over the model: it stays out of the timed steps).
-        step_times = []
-        phases = [0.0, 0.0, 0.0]
+    def timed_step(trainer: Trainer, step: int) -> list[float]:
+        """Ranks start aligned (a barrier, untimed); the step's time on this rank follows."""
         hvd.barrier()
-        began = last = time.perf_counter()
-        for step in range(warmup, warmup + args.steps):
-            for i, seconds in enumerate(train_step(step)):
-                phases[i] += seconds / args.steps
-            now = time.perf_counter()
-            step_times.append(now - last)
-            last = now
-        mean_step = (last - began) / args.steps
-        # Statistics phase: a few more steps, each followed by stats().
-        sums = dict.fromkeys(STAT_KEYS, 0.0)
-        if compressor is not None:
-            for step in range(warmup + args.steps, warmup + args.steps + args.stat_steps):
-                train_step(step)
-                stats = compressor.stats()
-                for key in STAT_KEYS:
-                    sums[key] += float(stats.get(key, 0.0)) / args.stat_steps
-        record = {"config": config, "repeat": repeat, "rank": rank, "numel": numel,
-                  "mean_step": mean_step, "step_times": step_times, "forward_seconds": phases[0],
-                  "backward_seconds": phases[1], "optimizer_step_seconds": phases[2]}
-        record.update(sums)
-        if compressor is None and method == "horovod":
-            itemsize = 2 if options["compression"] == "fp16" else 4
-            record.update(density_actual=1.0, buildup=1.0, bytes_sent=numel * itemsize,
-                          bytes_received=numel * itemsize)
-        return record
+        return trainer.step(*batches[step % len(batches)])
 
-    records = []
-    for repeat in range(args.repeats):
-        for config in block_order(configs, repeat):
-            mine = run_block(config, repeat)
-            gc.collect()  # the block's model, optimizer and compressor (residuals) go now
-            everyone = hvd.allgather_object(mine, name=f"e2e.record.{config}.{repeat}")
-            if rank == 0:
-                records.append(merge_ranks(everyone))
-                print(f"[e2e] repeat {repeat} {config}: {records[-1]['step_seconds'] * 1e3:.1f} ms/step",
-                      flush=True)
+    records: list[dict] = []
+    if args.schedule == "blocks":
+        # A fresh model, optimizer and compressor per visit: memory for one configuration only.
+        for repeat in range(args.repeats):
+            for config in block_order(configs, repeat):
+                trainer = make_trainer(config, f"r{repeat}")
+                for step in range(trainer.warmup_steps(args)):
+                    trainer.step(*batches[step % len(batches)])
+                steps = [timed_step(trainer, step) for step in range(args.steps)]
+                records.append(trainer.record(repeat, steps, batches, args.stat_steps))
+                del trainer
+                gc.collect()  # the configuration's model, optimizer and residuals go now
+                if rank == 0:
+                    print(f"[e2e] repeat {repeat} {config}: "
+                          f"{statistics.fmean(sum(s) for s in steps) * 1e3:.1f} ms/step", flush=True)
+    else:
+        # Every configuration alive at once; one timed step of each per round, in rotated order.
+        trainers = {config: make_trainer(config, "i") for config in configs}
+        for trainer in trainers.values():
+            for step in range(trainer.warmup_steps(args)):
+                trainer.step(*batches[step % len(batches)])
+        timed: dict[str, list[tuple[int, list[float]]]] = {config: [] for config in configs}
+        for repeat in range(args.repeats):
+            for config in block_order(configs, repeat):
+                timed[config].append((repeat, timed_step(trainers[config], repeat)))
+            if rank == 0 and repeat % 5 == 4:
+                print(f"[e2e] round {repeat + 1}/{args.repeats}", flush=True)
+        for config, trainer in trainers.items():
+            stats = trainer.record(0, [], batches, args.stat_steps)
+            for repeat, step in timed[config]:
+                records.append({**stats, "repeat": repeat, "steps": [step]})
 
+    everyone = hvd.allgather_object(records, name="e2e.records")
     if rank == 0:
+        merged = merge_ranks(everyone)
         out = {
-            "model": args.model, "numel": records[0]["numel"] if records else None,
+            "model": args.model, "numel": merged[0]["numel"] if merged else None,
             "batch_per_rank": args.batch, "size": size, "density": args.density,
-            "repeats": args.repeats, "warmup": args.warmup, "sparse_warmup": args.sparse_warmup,
-            "steps": args.steps, "stat_steps": args.stat_steps,
-            "configs": configs, "probe": probe, "records": records,
+            "schedule": args.schedule, "repeats": args.repeats, "warmup": args.warmup,
+            "sparse_warmup": args.sparse_warmup, "steps": args.steps, "stat_steps": args.stat_steps,
+            "configs": configs, "probe": probe, "records": merged,
             "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
                                                         "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
             "torch": torch.__version__, "python": platform.python_version(),
@@ -217,16 +186,88 @@ def main() -> None:
     hvd.shutdown()
 
 
-def merge_ranks(per_rank: list[dict]) -> dict:
-    """One record per block: the job's pace is its slowest rank; statistics averaged over ranks."""
-    first = per_rank[0]
-    merged = {"config": first["config"], "repeat": first["repeat"], "numel": first["numel"],
-              "step_seconds": max(r["mean_step"] for r in per_rank),
-              "rank_step_seconds": [r["mean_step"] for r in per_rank],
-              "step_times": [max(times) for times in zip(*(r["step_times"] for r in per_rank),
-                                                         strict=True)]}
-    for key in (*STAT_KEYS, "forward_seconds", "backward_seconds", "optimizer_step_seconds"):
-        merged[key] = statistics.fmean(r[key] for r in per_rank)
+class Trainer:
+    """One configuration: its model (seed 0 on every rank: identical weights, no broadcast), plain
+    SGD wrapped in stock ``hvd.DistributedOptimizer`` with the configuration's ``compression=``."""
+
+    def __init__(self, config: str, args, tag: str, hvd, torch, hvd_sparse):
+        method, options = CONFIGS[config]
+        self.config, self.method, self.options = config, method, options
+        self.model, _ = build_model(args.model)
+        named = list(self.model.named_parameters())
+        self.numel = sum(p.numel() for _, p in named)
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
+        self.compressor = None
+        if method == "horovod":
+            compression = getattr(hvd.Compression, options["compression"])
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
+                                                 compression=compression)
+        elif method != "local":
+            self.compressor = hvd_sparse.create(method, framework="torch", density=args.density,
+                                                named_parameters=named,
+                                                prefix=f"e2e.{config}.{tag}", **options)
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
+                                                 compression=self.compressor)
+        self.optimizer = optimizer
+        self._loss = torch.nn.functional.cross_entropy
+
+    def warmup_steps(self, args) -> int:
+        """Sparsifiers get more: their thresholds settle (the first step also plans buckets)."""
+        return args.warmup if self.method in ("horovod", "local") else args.sparse_warmup
+
+    def step(self, x, y) -> list[float]:
+        """One training step; seconds of zero_grad + forward, backward (Horovod's hooks and, for
+        some methods, the selection run here) and optimizer.step() (waiting for the exchange,
+        reconstruction, the update)."""
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad()
+        loss = self._loss(self.model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        return [t1 - t0, t2 - t1, time.perf_counter() - t2]
+
+    def record(self, repeat: int, steps: list[list[float]], batches, stat_steps: int) -> dict:
+        """This rank's record of a visit; the statistics come from ``stat_steps`` further untimed
+        steps, each followed by stats() (which costs a pass over the residual: kept out of the
+        timed steps)."""
+        stats = dict.fromkeys(STAT_KEYS, 0.0)
+        if self.compressor is not None:
+            for step in range(stat_steps):
+                self.step(*batches[step % len(batches)])
+                current = self.compressor.stats()
+                for key in STAT_KEYS:
+                    stats[key] += float(current.get(key, 0.0)) / stat_steps
+        elif self.method == "horovod":
+            itemsize = 2 if self.options["compression"] == "fp16" else 4
+            stats.update(density_actual=1.0, buildup=1.0, bytes_sent=self.numel * itemsize,
+                         bytes_received=self.numel * itemsize)
+        return {"config": self.config, "repeat": repeat, "numel": self.numel, "steps": steps, **stats}
+
+
+def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
+    """One record per (configuration, repeat): each step's time is its slowest rank's (the job
+    moves at that pace), the visit's step time their mean; phases and statistics are averaged
+    over ranks and steps."""
+    merged = []
+    for records in zip(*per_rank, strict=True):
+        first = records[0]
+        steps = [[r["steps"][i] for r in records] for i in range(len(first["steps"]))]
+        step_times = [max(sum(s) for s in ranks) for ranks in steps]
+        # When the last rank finished its backward pass: from then on, the step is the part of
+        # the exchange that computation did not hide, reconstruction and the update.
+        slowest_compute = [max(s[0] + s[1] for s in ranks) for ranks in steps]
+        out = {"config": first["config"], "repeat": first["repeat"], "numel": first["numel"],
+               "step_seconds": statistics.fmean(step_times), "step_times": step_times,
+               "slowest_compute_seconds": statistics.fmean(slowest_compute),
+               "after_compute_seconds": statistics.fmean(
+                   t - c for t, c in zip(step_times, slowest_compute, strict=True))}
+        for i, phase in enumerate(("forward_seconds", "backward_seconds", "optimizer_step_seconds")):
+            out[phase] = statistics.fmean(s[i] for ranks in steps for s in ranks)
+        for key in STAT_KEYS:
+            out[key] = statistics.fmean(r[key] for r in records)
+        merged.append(out)
     return merged
 
 
