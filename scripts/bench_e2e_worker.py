@@ -79,9 +79,10 @@ def build_model(name: str):
 
 
 def block_order(configs: list[str], repeat: int) -> list[str]:
-    """Rotate by the repeat and reverse every other repeat: each configuration runs early, late,
-    before and after each other one across repeats."""
-    shift = repeat % len(configs)
+    """The order of the configurations in a repeat: even repeats rotate by one more place, odd
+    repeats reverse the previous order, so across repeats each configuration runs early and late,
+    before and after each other one (with an even count too)."""
+    shift = (repeat // 2) % len(configs)
     order = configs[shift:] + configs[:shift]
     return order[::-1] if repeat % 2 else order
 
