@@ -4,6 +4,7 @@ dense, and the targets' verdicts. No Horovod job is started here."""
 
 from __future__ import annotations
 
+import statistics
 import sys
 from pathlib import Path
 
@@ -84,6 +85,8 @@ def test_targets_verdicts():
     assert verdicts["exdyna-tracking", False]["met_faster_than_topk"]
     assert verdicts["exdyna", True]["met"] and not verdicts["exdyna-tracking", True]["met"]
     assert verdicts["exdyna", True]["overhead"] == pytest.approx(0.14)
+    assert verdicts["exdyna", True]["verdict"] == "met"
+    assert verdicts["exdyna-tracking", False]["verdict_ratio"] == "not met"
     slow = job_with({"dense": [1.0], "exdyna": [0.3], "topk": [0.25]}, model="mlp25m", net="1gbit",
                     size=4)
     (verdict,) = bench_e2e.evaluate_targets([slow])
@@ -101,10 +104,22 @@ def test_markdown_states_the_verdicts():
               "jobs": [job], "targets": bench_e2e.evaluate_targets([job])}
     text = bench_e2e.markdown(result)
     assert "| exdyna | 300 [300–300] |" in text
-    assert "0.300× dense" in text and "| yes (ratio: met, faster than top-k: yes) |" in text
+    assert "0.300× dense (0.300–0.300)" in text
+    assert "| ratio: met; faster than top-k: yes |" in text
 
 
 def test_rates():
     assert bench_e2e.rate_bits("10gbit") == 1e10
     assert bench_e2e.rate_bits("100mbit") == 1e8
     assert bench_e2e.rate_bits("loopback") is None
+
+
+def test_verdict_is_qualified_when_the_interval_crosses_the_limit():
+    assert bench_e2e.verdict(0.30, [0.25, 0.34], 0.35) == "met"
+    assert bench_e2e.verdict(0.30, [0.25, 0.40], 0.35) == "met (within noise)"
+    assert bench_e2e.verdict(0.40, [0.30, 0.45], 0.35) == "not met (within noise)"
+    assert bench_e2e.verdict(0.40, [0.36, 0.45], 0.35) == "not met"
+    noisy = [1.0, 1.5, 0.9, 1.2, 1.1, 0.8, 1.3]
+    lo, hi = bench_e2e.median_ci(noisy)
+    assert lo <= statistics.median(noisy) <= hi and lo < hi
+    assert bench_e2e.median_ci(noisy) == [lo, hi]  # seeded
