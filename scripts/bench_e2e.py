@@ -246,8 +246,10 @@ def summarize_job(job: dict) -> dict:
             row["ratio_to_topk"] = {**spread(ratios), "ci95": median_ci(ratios)}
         for key in ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
                     "comm_wait_seconds", "forward_seconds", "backward_seconds",
-                    "optimizer_step_seconds", "slowest_compute_seconds", "after_compute_seconds"):
-            row[key] = statistics.fmean(r[key] for r in recs)
+                    "optimizer_step_seconds", "slowest_compute_seconds", "after_compute_seconds",
+                    "cpu_seconds"):
+            if all(key in r for r in recs):  # cpu_seconds: not in runs before it was measured
+                row[key] = statistics.fmean(r[key] for r in recs)
         rows[config] = row
     return rows
 
@@ -343,7 +345,8 @@ def markdown(result: dict) -> str:
         "[quartiles] in brackets; ratio = step / dense step of the same visit or round, median "
         "[quartiles]. `slowest fwd+bwd`: when the last rank finished its backward pass (mean over "
         "steps; ranks share cores, so it exceeds one rank's computation); `after it`: the rest of "
-        "the step -- the exchange the backward pass did not hide, reconstruction, the update. "
+        "the step -- the exchange the backward pass did not hide, reconstruction, the update; "
+        "`CPU ms/rank`: CPU time of a rank's process per step, all its threads. "
         "Statistics (achieved density = aggregated distinct entries / entries, MB this rank sent "
         "per step, selection time, time `optimizer.step()` blocked on collectives) come from a "
         "few untimed steps after the timed ones.",
@@ -370,8 +373,8 @@ def markdown(result: dict) -> str:
                else ""),
             "",
             "| config | step ms | samples/s | ratio to dense | achieved density | MB sent/rank/step "
-            "| slowest fwd+bwd ms | after it ms | select ms | comm wait ms |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| slowest fwd+bwd ms | after it ms | CPU ms/rank | select ms | comm wait ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for config in job["configs"]:
             row = job["summary"].get(config)
@@ -385,11 +388,12 @@ def markdown(result: dict) -> str:
             if config in ("dense", "fp16"):
                 density = "1"
             mb = "0" if config == "local" else f"{row['bytes_sent'] / 1e6:.3f}"
+            cpu = f"{row['cpu_seconds'] * 1e3:.0f}" if "cpu_seconds" in row else "–"
             lines.append(
                 f"| {config} | {st['median'] * 1e3:.0f} [{st['q1'] * 1e3:.0f}–{st['q3'] * 1e3:.0f}] "
                 f"| {sp['median']:.1f} | {ratio_text} | {density} | {mb} "
                 f"| {row['slowest_compute_seconds'] * 1e3:.0f} | {row['after_compute_seconds'] * 1e3:.0f} "
-                f"| {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
+                f"| {cpu} | {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
         lines.append("")
     if result["targets"]:
         lines += ["#### Targets", "",
