@@ -1,0 +1,594 @@
+"""End-to-end training step time of real Horovod jobs: dense allreduce, Horovod's fp16
+compression and every hvd_sparse method, on loopback and on emulated networks.
+
+    python scripts/bench_e2e.py --quick     # ~4 min: the two target configurations, the target
+                                            # methods -> bench/e2e-quick.{json,md}
+    python scripts/bench_e2e.py             # full matrix, ~2.5 h on 2 shared cores -> bench/e2e.*
+    python scripts/bench_e2e.py --models cnn --nets loopback --sizes 2 4 \
+        --configs dense,exdyna,exdyna-tracking,topk,local --rounds 60 --out bench/e2e-compute
+                                            # the compute-bound target with many paired steps
+    python scripts/bench_e2e.py --resummarize bench/e2e.json   # tables again, no measuring
+
+Each job is one Horovod run of scripts/bench_e2e_worker.py over N ranks, training every
+configuration side by side (alternating order across repeats; see the worker's docstring), so
+ratios to dense come from the same run, the same machine state and the same ranks.
+
+Networks: ``loopback`` starts ``horovodrun --gloo -np N -H localhost:N`` (ranks talk over lo).
+A rate (``10gbit``, ``1gbit``, ``100mbit``) puts every rank in its own network namespace
+(scripts/netns.sh: a veth pair per rank into a bridge, both directions shaped with tc tbf), and
+starts the ranks the way ``horovodrun --gloo`` does -- Horovod's own rendezvous server (here in
+the root namespace, reachable on the bridge) and the same per-rank environment -- except that
+each rank runs under ``ip netns exec`` with a host name of its own (local size 1, as on a cluster
+of one-rank hosts), so every byte between ranks crosses two shaped links and a bridge. The
+namespaces are removed at the end, on error and on Ctrl-C (needs root).
+
+Writes ``<out>.json`` (every visit of every job, the bandwidth probes, the machine) and
+``<out>.md`` (tables and the targets, met or not), after every job. Figures are medians over
+visits or rounds with quartiles; ratios to dense are taken within each visit or round, then their
+median, with a 95% bootstrap interval for the targets' verdicts.
+
+Horovod 0.28.1 binds the Gloo contexts of process sets (the global one included) to the address
+the machine's host name resolves to, whatever HOROVOD_GLOO_IFACE says; netns.sh therefore gives
+each namespace a hosts file (see there). Without sch_netem in the kernel no latency is added.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import platform
+import random
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from bench_e2e_worker import CONFIGS  # noqa: E402
+
+WORKER = HERE / "bench_e2e_worker.py"
+NETNS = HERE / "netns.sh"
+PREFIX = os.environ.get("HVDS_NETNS_PREFIX", "hvds")
+SUBNET = os.environ.get("HVDS_NETNS_SUBNET", "10.231.0")
+NS_IFACE = f"{PREFIX}eth"
+SPARSIFIERS = [c for c in CONFIGS if c not in ("dense", "fp16", "local")]
+
+# Per model: samples per rank per step, and how configurations share the job. mlp25m is the
+# communication-bound model of the target (25.2M parameters, little arithmetic per parameter);
+# one configuration is alive at a time (13 copies of its residuals would not fit 4 ranks here).
+# cnn is the compute-bound one (0.54M parameters): every configuration stays alive and they take
+# turns step by step, which keeps small differences measurable on a busy machine.
+WORKLOADS = {"mlp25m": {"batch": 8, "schedule": "blocks"},
+             "mlp7m": {"batch": 8, "schedule": "blocks"},
+             "cnn": {"batch": 32, "schedule": "interleaved"}}
+TARGET_CONFIGS = ["dense", "fp16", "exdyna", "exdyna-tracking", "topk", "local"]
+# repeats: visits of each configuration (blocks of `steps` timed steps); rounds: interleaved
+# steps of each configuration.
+FULL = {"models": ["mlp25m", "cnn"], "nets": ["loopback", "10gbit", "1gbit", "100mbit"],
+        "sizes": [2, 4], "configs": list(CONFIGS), "repeats": 3, "rounds": 20, "warmup": 2,
+        "sparse_warmup": 12, "steps": 4}
+FULL_SKIP = {("cnn", "10gbit"), ("cnn", "100mbit")}   # nothing to learn from a slower network
+FULL_EXTRA_REPEATS = {("mlp25m", "1gbit", 4): 5}       # the target configuration
+QUICK = {"models": ["mlp25m", "cnn"], "nets": ["1gbit", "loopback"], "sizes": [4],
+         "configs": TARGET_CONFIGS, "repeats": 3, "rounds": 10, "warmup": 1, "sparse_warmup": 8,
+         "steps": 2}
+QUICK_JOBS = {("mlp25m", "1gbit"), ("cnn", "loopback")}
+
+# The targets of issue 7 (end to end).
+COMM_BOUND = {"model": "mlp25m", "net": "1gbit", "size": 4}
+COMM_RATIO_MAX = 0.35
+COMPUTE_BOUND = {"model": "cnn", "net": "loopback"}
+COMPUTE_OVERHEAD_MAX = 0.15
+
+
+class StopRequestedError(Exception):
+    """SIGTERM or SIGHUP: stop like Ctrl-C (clean up the namespaces and the ranks)."""
+
+
+def rate_bits(rate: str) -> float | None:
+    units = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
+    for unit, scale in units.items():
+        if rate.endswith(unit):
+            return float(rate[: -len(unit)]) * scale
+    return None
+
+
+def job_env(extra: dict | None = None) -> dict:
+    env = dict(os.environ)
+    env.update({
+        "OMP_NUM_THREADS": "1",
+        "PYTHONUNBUFFERED": "1",
+        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
+    })
+    env.update(extra or {})
+    return env
+
+
+def run_processes(commands: list[tuple[list[str], dict]], logdir: Path, timeout: float) -> None:
+    """Start every rank, wait for all; on a failure, timeout or interrupt kill every rank's
+    process group and raise with the logs' tails."""
+    procs = []
+    try:
+        for i, (cmd, env) in enumerate(commands):
+            log = open(logdir / f"rank{i}.log", "w")  # noqa: SIM115 -- closed with the process
+            procs.append((subprocess.Popen(cmd, env=env, cwd=REPO, stdout=log,
+                                           stderr=subprocess.STDOUT, start_new_session=True), log))
+        deadline = time.monotonic() + timeout
+        while any(p.poll() is None for p, _ in procs):
+            failed = [p for p, _ in procs if p.poll() not in (None, 0)]
+            if failed or time.monotonic() > deadline:
+                raise RuntimeError("a rank failed" if failed else f"job exceeded {timeout:.0f} s")
+            time.sleep(0.5)
+        if any(p.returncode != 0 for p, _ in procs):
+            raise RuntimeError("a rank failed")
+    except BaseException as error:
+        for p, _ in procs:
+            if p.poll() is None:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(p.pid, signal.SIGKILL)
+        for p, _ in procs:
+            p.wait()
+        tails = []
+        for i in range(len(procs)):
+            text = (logdir / f"rank{i}.log").read_text(errors="replace").splitlines()
+            text = [line for line in text if "I0000" not in line and "absl::" not in line]
+            tails.append(f"--- rank {i} ---\n" + "\n".join(text[-25:]))
+        if isinstance(error, RuntimeError):
+            raise RuntimeError(f"{error}\n" + "\n".join(tails)) from None
+        raise
+    finally:
+        for _, log in procs:
+            log.close()
+
+
+def launch_horovodrun(size: int, worker_args: list[str], logdir: Path, timeout: float) -> None:
+    horovodrun = Path(sys.executable).parent / "horovodrun"
+    cmd = [str(horovodrun), "--gloo", "-np", str(size), "-H", f"localhost:{size}",
+           sys.executable, str(WORKER), *worker_args]
+    run_processes([(cmd, job_env())], logdir, timeout)
+
+
+def launch_gloo(size: int, worker_args: list[str], logdir: Path, timeout: float,
+                namespaces: bool) -> None:
+    """Start the ranks as ``horovodrun --gloo`` would, one host name per rank; with
+    ``namespaces`` each rank inside its own network namespace (scripts/netns.sh)."""
+    from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
+    from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
+    from horovod.runner.http.http_server import RendezvousServer
+
+    names = [f"{PREFIX}{i}" if namespaces else f"rank{i}" for i in range(size)]
+    plan = get_host_assignments(parse_hosts(",".join(f"{n}:1" for n in names)), size)
+    server = RendezvousServer(verbose=0)
+    port = server.start()
+    try:
+        server.init(plan)
+        address, iface = (f"{SUBNET}.1", NS_IFACE) if namespaces else ("127.0.0.1", "lo")
+        common = {k: str(v) for k, v in create_run_env_vars(address, [iface], port).items()}
+        commands = []
+        for slot in plan:
+            env = job_env({**common, **{k: str(v) for k, v in create_slot_env_vars(slot).items()}})
+            cmd = [sys.executable, str(WORKER), *worker_args]
+            if namespaces:
+                cmd = ["ip", "netns", "exec", names[slot.rank], *cmd]
+            commands.append((cmd, env))
+        run_processes(commands, logdir, timeout)
+    finally:
+        server.stop()
+
+
+def netns(*args: str) -> str:
+    result = subprocess.run(["bash", str(NETNS), *args], capture_output=True, text=True, check=False)
+    if result.returncode != 0:
+        raise RuntimeError(f"netns.sh {' '.join(args)} failed:\n{result.stderr}")
+    return result.stdout.strip()
+
+
+def machine_info() -> dict:
+    info = {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
+    with contextlib.suppress(OSError):
+        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")]
+        info["cpu_model"] = models[0] if models else None
+    with contextlib.suppress(ValueError, OSError):
+        info["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
+    return info
+
+
+# --- summaries --------------------------------------------------------------------------------
+def spread(values: list[float]) -> dict:
+    """Median, quartiles (inclusive method: within [min, max] even for 2-3 values) and range."""
+    q1, _, q3 = statistics.quantiles(values, n=4, method="inclusive") if len(values) > 1 else values * 3
+    return {"median": statistics.median(values), "q1": q1, "q3": q3, "min": min(values),
+            "max": max(values), "n": len(values)}
+
+
+def median_ci(values: list[float], resamples: int = 2000, seed: int = 0) -> list[float]:
+    """95% bootstrap interval of the median (resampling visits or rounds; seeded, so a rerun of
+    the summary gives the same interval)."""
+    rng = random.Random(seed)
+    medians = sorted(statistics.median(rng.choices(values, k=len(values))) for _ in range(resamples))
+    return [medians[int(0.025 * resamples)], medians[int(0.975 * resamples) - 1]]
+
+
+def per_repeat_ratios(recs: list[dict], reference: dict[int, float]) -> list[float]:
+    return [r["step_seconds"] / reference[r["repeat"]] for r in recs if r["repeat"] in reference]
+
+
+def summarize_job(job: dict) -> dict:
+    """Per configuration: step time and samples/s (median, [min, max] over repeats), the per-repeat
+    ratio to dense within the same repeat (median and range), and the statistics."""
+    records = job["records"]
+    by_config: dict[str, list[dict]] = {}
+    for r in records:
+        by_config.setdefault(r["config"], []).append(r)
+    dense = {r["repeat"]: r["step_seconds"] for r in by_config.get("dense", [])}
+    rows = {}
+    for config, recs in by_config.items():
+        steps = [r["step_seconds"] for r in recs]
+        row = {"step_seconds": spread(steps),
+               "samples_per_second": spread([job["size"] * job["batch_per_rank"] / s for s in steps])}
+        ratios = per_repeat_ratios(recs, dense)
+        if ratios:
+            row["ratio_to_dense"] = {**spread(ratios), "ci95": median_ci(ratios)}
+        topk = {r["repeat"]: r["step_seconds"] for r in by_config.get("topk", [])}
+        ratios = per_repeat_ratios(recs, topk)
+        if ratios and config != "topk":
+            row["ratio_to_topk"] = {**spread(ratios), "ci95": median_ci(ratios)}
+        for key in ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
+                    "comm_wait_seconds", "forward_seconds", "backward_seconds",
+                    "optimizer_step_seconds", "slowest_compute_seconds", "after_compute_seconds",
+                    "cpu_seconds"):
+            if all(key in r for r in recs):  # cpu_seconds: not in runs before it was measured
+                row[key] = statistics.fmean(r[key] for r in recs)
+        rows[config] = row
+    return rows
+
+
+def verdict(median: float, ci: list[float], limit: float) -> str:
+    """'met' / 'not met', qualified when the 95% interval of the median straddles the limit."""
+    met = median <= limit
+    clear = ci[1] <= limit if met else ci[0] > limit
+    return ("met" if met else "not met") + ("" if clear else " (within noise)")
+
+
+def evaluate_targets(jobs: list[dict]) -> list[dict]:
+    """The issue's end-to-end targets, for every job of the configurations they name. A verdict
+    follows the median; "(within noise)" when the 95% bootstrap interval of the median crosses
+    the limit."""
+    out = []
+
+    def find(model: str, net: str, size: int | None = None) -> list[dict]:
+        return [j for j in jobs if j["model"] == model and j["net"] == net
+                and (size is None or j["size"] == size)]
+
+    for job in find(**COMM_BOUND):
+        rows = job["summary"]
+        topk, local = rows.get("topk"), rows.get("local")
+        for config in ("exdyna", "exdyna-tracking"):
+            row = rows.get(config)
+            if row is None or "ratio_to_dense" not in row:
+                continue
+            ratio = row["ratio_to_dense"]
+            vs_topk = row.get("ratio_to_topk")
+            ratio_verdict = verdict(ratio["median"], ratio["ci95"], COMM_RATIO_MAX)
+            topk_verdict = None if vs_topk is None else verdict(vs_topk["median"], vs_topk["ci95"], 1.0)
+            out.append({
+                "target": f"{config} step <= {COMM_RATIO_MAX} x dense allreduce and faster than top-k "
+                          f"({job['model']}, {job['net']}, {job['size']} ranks)",
+                "kind": "communication-bound", "config": config, "size": job["size"],
+                "ratio_to_dense": ratio["median"], "ratio_ci95": ratio["ci95"],
+                "ratio_quartiles": [ratio["q1"], ratio["q3"]],
+                "ratio_to_topk": None if vs_topk is None else vs_topk["median"],
+                "ratio_to_topk_ci95": None if vs_topk is None else vs_topk["ci95"],
+                "step_ms": 1e3 * row["step_seconds"]["median"],
+                "topk_step_ms": None if topk is None else 1e3 * topk["step_seconds"]["median"],
+                "density_actual": row["density_actual"],
+                "topk_density_actual": None if topk is None else topk["density_actual"],
+                "compute_only_ratio_to_dense": None if local is None else local["ratio_to_dense"]["median"],
+                "verdict_ratio": ratio_verdict, "verdict_faster_than_topk": topk_verdict,
+                "met_ratio": ratio["median"] <= COMM_RATIO_MAX,
+                "met_faster_than_topk": None if vs_topk is None else vs_topk["median"] < 1.0,
+                "met": bool(ratio["median"] <= COMM_RATIO_MAX and vs_topk is not None
+                            and vs_topk["median"] < 1.0),
+            })
+    for job in find(**COMPUTE_BOUND):
+        rows = job["summary"]
+        for config in ("exdyna", "exdyna-tracking"):
+            row = rows.get(config)
+            if row is None or "ratio_to_dense" not in row:
+                continue
+            ratio = row["ratio_to_dense"]
+            out.append({
+                "target": f"{config} overhead vs dense <= {COMPUTE_OVERHEAD_MAX:.0%} "
+                          f"({job['model']}, {job['net']}, {job['size']} ranks)",
+                "kind": "compute-bound", "config": config, "size": job["size"],
+                "overhead": ratio["median"] - 1, "overhead_ci95": [x - 1 for x in ratio["ci95"]],
+                "overhead_quartiles": [ratio["q1"] - 1, ratio["q3"] - 1],
+                "samples": ratio["n"],
+                "step_ms": 1e3 * row["step_seconds"]["median"],
+                "dense_step_ms": 1e3 * rows["dense"]["step_seconds"]["median"],
+                "verdict": verdict(ratio["median"], ratio["ci95"], 1 + COMPUTE_OVERHEAD_MAX),
+                "met": ratio["median"] - 1 <= COMPUTE_OVERHEAD_MAX,
+            })
+    return out
+
+
+def markdown(result: dict) -> str:
+    lines = [f"### End to end ({result['mode']} run)", ""]
+    m = result["machine"]
+    lines += [
+        f"Machine: {m.get('cpus')} CPUs ({m.get('cpu_model')}), {m.get('memory_gb')} GiB, kernel "
+        f"{m.get('kernel')}, shared with other jobs (load average at start "
+        f"{result['load_average_start']}). Every rank runs one thread (`OMP_NUM_THREADS=1`, "
+        "`torch.set_num_threads(1)`); with 4 ranks on this machine ranks share cores, so the "
+        "computation itself is slower than on a dedicated host (the `local` row: same steps, no "
+        "communication).",
+        "",
+        f"Command: `{result['command']}`. Density {result['density']} for every sparsifier. "
+        "All configurations of a job run side by side in one Horovod run: `blocks` = per repeat, "
+        "each configuration in turn (order rotated and reversed across repeats), built afresh, "
+        f"{result['plan']['warmup']} untimed steps ({result['plan']['sparse_warmup']} for "
+        "sparsifiers, whose thresholds settle), then the timed steps; `interleaved` = every "
+        "configuration alive, one timed step of each per round, order rotated. Each timed step "
+        "starts with the ranks aligned (an untimed barrier) and counts until the slowest rank's "
+        "`optimizer.step()` returns. Figures: median over visits (blocks) or rounds (interleaved), "
+        "[quartiles] in brackets; ratio = step / dense step of the same visit or round, median "
+        "[quartiles]. `slowest fwd+bwd`: when the last rank finished its backward pass (mean over "
+        "steps; ranks share cores, so it exceeds one rank's computation); `after it`: the rest of "
+        "the step -- the exchange the backward pass did not hide, reconstruction, the update; "
+        "`CPU ms/rank`: CPU time of a rank's process per step, all its threads. "
+        "Statistics (achieved density = aggregated distinct entries / entries, MB this rank sent "
+        "per step, selection time, time `optimizer.step()` blocked on collectives) come from a "
+        "few untimed steps after the timed ones.",
+        "",
+        "Networks: `loopback` = `horovodrun --gloo` on one host; a rate = one network namespace "
+        "per rank, veth + bridge, both directions of each rank's link shaped with `tc tbf` "
+        f"({result['netem_note']}). `probe` = a raw Horovod allreduce's bus bandwidth "
+        "(bytes × 2(N−1)/N / time), median of 3.",
+        "",
+    ]
+    for job in result["jobs"]:
+        probe = job["probe"]
+        lines += [
+            f"#### {job['model']} ({job['numel'] / 1e6:.2f}M parameters, batch {job['batch_per_rank']}"
+            f"/rank), {job['size']} ranks, {job['net']}",
+            "",
+            f"{job['schedule']}: {job['repeats']} × {job['steps']} timed steps per configuration; "
+            f"launcher: {job['launcher']}; {job['wall_seconds']:.0f} s; load average before/after "
+            f"{job['load_average_before'][0]:.1f} / {job['load_average_after'][0]:.1f}.",
+            "",
+            f"probe: {probe['bus_gbit_s_median']:.2f} Gbit/s ({probe['bytes'] / 1e6:.0f} MB allreduce)"
+            + (f"; fp16 allreduce of the same element count: {probe['fp16_seconds_median'] * 1e3:.0f} ms"
+               f" vs fp32 {probe['fp32_seconds_median'] * 1e3:.0f} ms" if "fp16_seconds_median" in probe
+               else ""),
+            "",
+            "| config | step ms | samples/s | ratio to dense | achieved density | MB sent/rank/step "
+            "| slowest fwd+bwd ms | after it ms | CPU ms/rank | select ms | comm wait ms |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for config in job["configs"]:
+            row = job["summary"].get(config)
+            if row is None:
+                continue
+            st, sp = row["step_seconds"], row["samples_per_second"]
+            ratio = row.get("ratio_to_dense")
+            ratio_text = "–" if ratio is None else (
+                f"{ratio['median']:.3f} [{ratio['q1']:.3f}–{ratio['q3']:.3f}]")
+            density = "–" if config == "local" else f"{row['density_actual']:.2e}"
+            if config in ("dense", "fp16"):
+                density = "1"
+            mb = "0" if config == "local" else f"{row['bytes_sent'] / 1e6:.3f}"
+            cpu = f"{row['cpu_seconds'] * 1e3:.0f}" if "cpu_seconds" in row else "–"
+            lines.append(
+                f"| {config} | {st['median'] * 1e3:.0f} [{st['q1'] * 1e3:.0f}–{st['q3'] * 1e3:.0f}] "
+                f"| {sp['median']:.1f} | {ratio_text} | {density} | {mb} "
+                f"| {row['slowest_compute_seconds'] * 1e3:.0f} | {row['after_compute_seconds'] * 1e3:.0f} "
+                f"| {cpu} | {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
+        lines.append("")
+    if result["targets"]:
+        lines += ["#### Targets", "",
+                  "Verdicts follow the median; \"within noise\" where the 95% bootstrap interval "
+                  "of the median (in parentheses) crosses the limit.", "",
+                  "| target | figure | met |", "|---|---|---|"]
+        for t in result["targets"]:
+            if t["kind"] == "communication-bound":
+                lo, hi = t["ratio_ci95"]
+                figure = (f"{t['ratio_to_dense']:.3f}× dense ({lo:.3f}–{hi:.3f}); {t['step_ms']:.0f} ms "
+                          f"vs top-k {t['topk_step_ms']:.0f} ms, per-visit ratio to top-k "
+                          f"{t['ratio_to_topk']:.2f} ({t['ratio_to_topk_ci95'][0]:.2f}–"
+                          f"{t['ratio_to_topk_ci95'][1]:.2f}); achieved density "
+                          f"{t['density_actual']:.2e} vs top-k {t['topk_density_actual']:.2e}; "
+                          f"computation alone {t['compute_only_ratio_to_dense']:.3f}× dense")
+                met = (f"ratio: {t['verdict_ratio']}; faster than top-k: "
+                       f"{'yes' if t['met_faster_than_topk'] else 'no'}"
+                       f"{' (within noise)' if 'noise' in (t['verdict_faster_than_topk'] or '') else ''}")
+            else:
+                lo, hi = t["overhead_ci95"]
+                figure = (f"{t['overhead']:+.1%} ({lo:+.1%}–{hi:+.1%}), {t['samples']} paired steps; "
+                          f"{t['step_ms']:.0f} ms vs dense {t['dense_step_ms']:.0f} ms")
+                met = t["verdict"]
+            lines.append(f"| {t['target']} | {figure} | {met} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def netem_available() -> bool:
+    try:
+        return "CONFIG_NET_SCH_NETEM=" in subprocess.run(
+            ["bash", "-c", "zcat /proc/config.gz 2>/dev/null | grep NET_SCH_NETEM"],
+            capture_output=True, text=True, check=False).stdout
+    except OSError:
+        return False
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true",
+                        help="the two target configurations, the target methods, fewer repeats "
+                             "(a few minutes)")
+    parser.add_argument("--models", nargs="+", choices=sorted(WORKLOADS))
+    parser.add_argument("--nets", nargs="+", help="loopback and/or tc rates (e.g. 10gbit 1gbit 100mbit)")
+    parser.add_argument("--sizes", nargs="+", type=int)
+    parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)}")
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, help="visits per configuration (blocks schedule)")
+    parser.add_argument("--rounds", type=int, help="steps per configuration (interleaved schedule)")
+    parser.add_argument("--warmup", type=int, help="untimed steps of dense, fp16 and local")
+    parser.add_argument("--sparse-warmup", type=int, help="untimed steps of each sparsifier")
+    parser.add_argument("--steps", type=int, help="timed steps per visit (blocks schedule)")
+    parser.add_argument("--delay", default="", help="one-way delay per link direction (needs sch_netem)")
+    parser.add_argument("--loopback-launcher", choices=["horovodrun", "direct"], default="horovodrun",
+                        help="direct: the namespace launcher's way, without namespaces, on lo")
+    parser.add_argument("--job-timeout", type=float, default=3600)
+    parser.add_argument("--resummarize", metavar="JSON",
+                        help="recompute the summaries, targets and Markdown of an earlier run's "
+                             "JSON (written back beside it, or to --out) without measuring")
+    parser.add_argument("--out", help="output path without extension "
+                                      "(default bench/e2e, or bench/e2e-quick with --quick)")
+    args = parser.parse_args()
+    if args.resummarize:
+        source = Path(args.resummarize)
+        result = json.loads(source.read_text())
+        for job in result["jobs"]:
+            job["summary"] = summarize_job(job)
+        result["targets"] = evaluate_targets(result["jobs"])
+        write(Path(args.out) if args.out else source.with_suffix(""), result)
+        return
+
+    plan = dict(QUICK if args.quick else FULL)
+    explicit = any(v is not None for v in (args.models, args.nets, args.sizes))
+    for key in ("models", "nets", "sizes", "repeats", "rounds", "warmup", "sparse_warmup", "steps"):
+        if getattr(args, key) is not None:
+            plan[key] = getattr(args, key)
+    if args.configs:
+        plan["configs"] = args.configs.split(",")
+    configs = plan["configs"]
+    for c in configs:
+        if c not in CONFIGS:
+            parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}")
+    out = Path(args.out or (REPO / "bench" / ("e2e-quick" if args.quick else "e2e")))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    jobs_to_run = []
+    for model in plan["models"]:
+        for net in plan["nets"]:
+            wanted = (model, net) in QUICK_JOBS if args.quick else (model, net) not in FULL_SKIP
+            if not (explicit or wanted):
+                continue
+            for size in plan["sizes"]:
+                jobs_to_run.append((model, net, size))
+    # The target configurations first: an interrupted run has measured them.
+    targets = {(COMM_BOUND["model"], COMM_BOUND["net"], COMM_BOUND["size"])}
+    targets |= {(COMPUTE_BOUND["model"], COMPUTE_BOUND["net"], size) for size in plan["sizes"]}
+    jobs_to_run.sort(key=lambda job: job not in targets)
+    shaped = [net for _, net, _ in jobs_to_run if net != "loopback"]
+    for net in shaped:
+        if rate_bits(net) is None:
+            parser.error(f"network {net!r}: use loopback or a tc rate such as 1gbit or 100mbit")
+    if shaped and os.geteuid() != 0:
+        parser.error("emulated networks need root (network namespaces, veth, tc); "
+                     "run as root or use --nets loopback")
+    if args.delay and not netem_available():
+        parser.error("--delay needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM)")
+
+    def on_signal(signum, frame):
+        raise StopRequestedError(f"signal {signum}")
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGHUP, on_signal)
+
+    result = {
+        "mode": "quick" if args.quick else ("custom" if explicit or args.configs else "full"),
+        "command": "python scripts/bench_e2e.py " + " ".join(sys.argv[1:]),
+        "machine": machine_info(), "load_average_start": [round(x, 2) for x in os.getloadavg()],
+        "density": args.density, "plan": plan, "delay": args.delay or None,
+        "netem_note": ("no added delay: this kernel has no sch_netem" if not netem_available()
+                       else (f"delay {args.delay} per direction" if args.delay else "no added delay")),
+        "jobs": [], "targets": [],
+    }
+    workdir = Path(tempfile.mkdtemp(prefix="bench_e2e."))
+    try:
+        for model, net, size in jobs_to_run:
+            batch, schedule = WORKLOADS[model]["batch"], WORKLOADS[model]["schedule"]
+            bits = rate_bits(net)
+            # The probe moves about 0.3 s of traffic at the emulated rate (capped at 64 MB).
+            probe_mb = 64.0 if bits is None else min(64.0, bits * 0.3 / 8 / 1e6 / (2 * (size - 1) / size))
+            steps = plan["steps"]
+            if bits is not None and bits < 5e8 and model == "mlp25m":
+                steps = min(steps, 2)  # a dense step moves ~150 MB per link at 4 ranks
+            if schedule == "interleaved":
+                repeats, steps = plan["rounds"], 1
+            else:
+                repeats = plan["repeats"]
+                if not (args.quick or explicit or args.repeats):
+                    repeats = FULL_EXTRA_REPEATS.get((model, net, size), repeats)
+            jobdir = workdir / f"{model}-{net}-{size}"
+            jobdir.mkdir()
+            worker_args = ["--model", model, "--batch", str(batch), "--configs", ",".join(configs),
+                           "--density", str(args.density), "--repeats", str(repeats),
+                           "--schedule", schedule,
+                           "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),
+                           "--steps", str(steps),
+                           "--probe-mb", f"{probe_mb:.3f}", "--out", str(jobdir / "result.json")]
+            print(f"[bench_e2e] {model} batch {batch}/rank, {size} ranks, {net}: {len(configs)} "
+                  f"configurations, {schedule}, {repeats} x {steps} timed steps each", flush=True)
+            load_before = [round(x, 2) for x in os.getloadavg()]
+            began = time.time()
+            if net == "loopback":
+                if args.loopback_launcher == "horovodrun":
+                    launch_horovodrun(size, worker_args, jobdir, args.job_timeout)
+                else:
+                    launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=False)
+                launcher = f"{args.loopback_launcher} (lo)"
+            else:
+                print("[bench_e2e]   " + netns("up", str(size), net, *([args.delay] if args.delay else [])),
+                      flush=True)
+                launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=True)
+                launcher = "gloo in network namespaces"
+            job = json.loads((jobdir / "result.json").read_text())
+            job.update(net=net, launcher=launcher, wall_seconds=round(time.time() - began, 1),
+                       load_average_before=load_before,
+                       load_average_after=[round(x, 2) for x in os.getloadavg()])
+            job["summary"] = summarize_job(job)
+            result["jobs"].append(job)
+            for config in configs:
+                row = job["summary"].get(config)
+                if row:
+                    ratio = row.get("ratio_to_dense", {}).get("median", float("nan"))
+                    print(f"[bench_e2e]   {config:16s} {row['step_seconds']['median'] * 1e3:8.1f} ms "
+                          f"x{ratio:.3f} dense", flush=True)
+            result["targets"] = evaluate_targets(result["jobs"])
+            write(out, result)  # after every job: an interrupted run keeps what it measured
+    except (KeyboardInterrupt, StopRequestedError):
+        print("[bench_e2e] interrupted; results so far are in " + str(out) + ".json", file=sys.stderr)
+        raise SystemExit(130) from None
+    finally:
+        if any(net != "loopback" for _, net, _ in jobs_to_run):
+            try:
+                netns("down")
+            except RuntimeError as error:
+                print(error, file=sys.stderr)
+        shutil.rmtree(workdir, ignore_errors=True)
+    write(out, result)
+    for t in result["targets"]:
+        print(f"[bench_e2e] target: {t['target']}: {'met' if t['met'] else 'NOT met'}")
+    print(f"[bench_e2e] wrote {out}.json and {out}.md")
+
+
+def write(out: Path, result: dict) -> None:
+    Path(f"{out}.json").write_text(json.dumps(result, indent=1))
+    Path(f"{out}.md").write_text(markdown(result))
+
+
+if __name__ == "__main__":
+    main()

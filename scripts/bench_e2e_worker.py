@@ -1,0 +1,305 @@
+"""One rank of the end-to-end benchmark (started by scripts/bench_e2e.py, one process per rank).
+
+Every configuration -- dense allreduce, Horovod's fp16 compression, every sparsifier, and a
+no-communication reference -- runs in this one job, side by side: per repeat, the configurations
+run one after another in an order rotated (and reversed every other repeat) from repeat to repeat,
+so slow drifts of a shared machine spread over all of them. Each block builds a fresh model from
+the same seed, wraps stock ``hvd.DistributedOptimizer`` with the configuration's ``compression=``
+(as a user would), runs ``--warmup`` untimed steps (the first step plans the buckets), then
+``--steps`` timed steps. A step is ``zero_grad``, forward, backward (Horovod's hooks start the
+communication), ``optimizer.step()`` (waits for it and updates the weights); its time is read
+after ``step()`` returns, and the job's step time is the slowest rank's mean over the block.
+
+Before the blocks, a raw Horovod allreduce of ``--probe-mb`` MB (fp32) measures the bandwidth the
+network really gives, and a no-communication block measures what the computation alone costs.
+Rank 0 writes every block's record, with each rank's statistics, to ``--out`` (JSON).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import os
+import platform
+import statistics
+import time
+
+# name -> (registry method or a Horovod compression, options). "local" trains without any
+# communication: the computation's own cost, measured under the same CPU contention.
+CONFIGS: dict[str, tuple[str, dict]] = {
+    "dense": ("horovod", {"compression": "none"}),
+    "fp16": ("horovod", {"compression": "fp16"}),
+    "exdyna": ("exdyna", {}),
+    "exdyna-tracking": ("exdyna", {"threshold": "tracking"}),
+    "micro": ("micro", {}),
+    "deft": ("deft", {}),
+    "lags": ("lags", {}),
+    "topk": ("topk", {}),
+    "randomk": ("randomk", {}),
+    "threshold": ("threshold", {}),
+    "gaussiank": ("gaussiank", {}),
+    "dgc": ("dgc", {}),
+    "local": ("local", {}),
+}
+
+STAT_KEYS = ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
+             "comm_wait_seconds", "comm_inflight_seconds")
+
+MODELS = ("mlp25m", "mlp7m", "cnn")
+
+
+def build_model(name: str):
+    """The benchmark models, built from seed 0 on every rank (identical weights, no broadcast).
+
+    mlp25m: 1024 -> 2048 (x6 hidden) -> 1024 -> 10, 25.2M parameters in 8 weight tensors, little
+    arithmetic per parameter: at a small batch, exchanging its gradient dominates a step on a
+    slow network. mlp7m: the same shape at 1024 wide (7.4M). cnn: 5 convolutions on 3x32x32 images
+    with a small head, 0.6M parameters and much arithmetic per parameter (compute-bound).
+    """
+    import torch
+
+    torch.manual_seed(0)
+    nn = torch.nn
+    if name in ("mlp25m", "mlp7m"):
+        width = 2048 if name == "mlp25m" else 1024
+        layers: list = [nn.Linear(1024, width), nn.ReLU()]
+        for _ in range(5):
+            layers += [nn.Linear(width, width), nn.ReLU()]
+        layers += [nn.Linear(width, 1024), nn.ReLU(), nn.Linear(1024, 10)]
+        return nn.Sequential(*layers), (1024,)
+    if name == "cnn":
+        def block(cin, cout):
+            return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU()]
+        layers = [*block(3, 32), *block(32, 64), nn.MaxPool2d(2), *block(64, 128), *block(128, 128),
+                  nn.MaxPool2d(2), *block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
+                  nn.Linear(256, 10)]
+        return nn.Sequential(*layers), (3, 32, 32)
+    raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+
+
+def block_order(configs: list[str], repeat: int) -> list[str]:
+    """The order of the configurations in a repeat: even repeats rotate by one more place, odd
+    repeats reverse the previous order, so across repeats each configuration runs early and late,
+    before and after each other one (with an even count too)."""
+    shift = (repeat // 2) % len(configs)
+    order = configs[shift:] + configs[:shift]
+    return order[::-1] if repeat % 2 else order
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", choices=MODELS, default="mlp25m")
+    parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
+    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=2)
+    parser.add_argument("--sparse-warmup", type=int, default=8,
+                        help="untimed steps of a sparsifier (thresholds settle)")
+    parser.add_argument("--steps", type=int, default=5)
+    parser.add_argument("--stat-steps", type=int, default=2,
+                        help="untimed steps after the timed ones, each followed by stats()")
+    parser.add_argument("--probe-mb", type=float, default=32.0)
+    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--schedule", choices=("blocks", "interleaved"), default="blocks",
+                        help="blocks: per repeat, each configuration in turn, built afresh, "
+                             "--steps steps; interleaved: every configuration alive, one step "
+                             "each per round (--repeats rounds)")
+    parser.add_argument("--out", required=True)
+    args = parser.parse_args()
+
+    import horovod.torch as hvd
+    import torch
+
+    import hvd_sparse
+
+    torch.set_num_threads(1)
+    hvd.init()
+    rank, size = hvd.rank(), hvd.size()
+    configs = args.configs.split(",")
+    unknown = [c for c in configs if c not in CONFIGS]
+    if unknown:
+        raise SystemExit(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+
+    probe = bandwidth_probe(hvd, torch, args.probe_mb, size)
+
+    generator = torch.Generator().manual_seed(1000 + rank)
+    _, shape = build_model(args.model)
+    batches = [(torch.randn(args.batch, *shape, generator=generator),
+                torch.randint(0, 10, (args.batch,), generator=generator)) for _ in range(4)]
+
+    def make_trainer(config: str, tag: str) -> Trainer:
+        return Trainer(config, args, tag, hvd, torch, hvd_sparse)
+
+    def timed_step(trainer: Trainer, step: int) -> list[float]:
+        """Ranks start aligned (a barrier, untimed); the step's time on this rank follows."""
+        hvd.barrier()
+        return trainer.step(*batches[step % len(batches)])
+
+    records: list[dict] = []
+    if args.schedule == "blocks":
+        # A fresh model, optimizer and compressor per visit: memory for one configuration only.
+        for repeat in range(args.repeats):
+            for config in block_order(configs, repeat):
+                trainer = make_trainer(config, f"r{repeat}")
+                for step in range(trainer.warmup_steps(args)):
+                    trainer.step(*batches[step % len(batches)])
+                steps = [timed_step(trainer, step) for step in range(args.steps)]
+                records.append(trainer.record(repeat, steps, batches, args.stat_steps))
+                del trainer
+                gc.collect()  # the configuration's model, optimizer and residuals go now
+                if rank == 0:
+                    print(f"[e2e] repeat {repeat} {config}: "
+                          f"{statistics.fmean(sum(s[:3]) for s in steps) * 1e3:.1f} ms/step", flush=True)
+    else:
+        # Every configuration alive at once; one timed step of each per round, in rotated order.
+        trainers = {config: make_trainer(config, "i") for config in configs}
+        for trainer in trainers.values():
+            for step in range(trainer.warmup_steps(args)):
+                trainer.step(*batches[step % len(batches)])
+        timed: dict[str, list[tuple[int, list[float]]]] = {config: [] for config in configs}
+        for repeat in range(args.repeats):
+            for config in block_order(configs, repeat):
+                timed[config].append((repeat, timed_step(trainers[config], repeat)))
+            if rank == 0 and repeat % 5 == 4:
+                print(f"[e2e] round {repeat + 1}/{args.repeats}", flush=True)
+        for config, trainer in trainers.items():
+            stats = trainer.record(0, [], batches, args.stat_steps)
+            for repeat, step in timed[config]:
+                records.append({**stats, "repeat": repeat, "steps": [step]})
+
+    everyone = hvd.allgather_object(records, name="e2e.records")
+    if rank == 0:
+        merged = merge_ranks(everyone)
+        out = {
+            "model": args.model, "numel": merged[0]["numel"] if merged else None,
+            "batch_per_rank": args.batch, "size": size, "density": args.density,
+            "schedule": args.schedule, "repeats": args.repeats, "warmup": args.warmup,
+            "sparse_warmup": args.sparse_warmup, "steps": args.steps, "stat_steps": args.stat_steps,
+            "configs": configs, "probe": probe, "records": merged,
+            "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
+                                                        "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
+            "torch": torch.__version__, "python": platform.python_version(),
+        }
+        with open(args.out, "w") as f:
+            json.dump(out, f, indent=1)
+    hvd.shutdown()
+
+
+class Trainer:
+    """One configuration: its model (seed 0 on every rank: identical weights, no broadcast), plain
+    SGD wrapped in stock ``hvd.DistributedOptimizer`` with the configuration's ``compression=``."""
+
+    def __init__(self, config: str, args, tag: str, hvd, torch, hvd_sparse):
+        method, options = CONFIGS[config]
+        self.config, self.method, self.options = config, method, options
+        self.model, _ = build_model(args.model)
+        named = list(self.model.named_parameters())
+        self.numel = sum(p.numel() for _, p in named)
+        optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
+        self.compressor = None
+        if method == "horovod":
+            compression = getattr(hvd.Compression, options["compression"])
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
+                                                 compression=compression)
+        elif method != "local":
+            self.compressor = hvd_sparse.create(method, framework="torch", density=args.density,
+                                                named_parameters=named,
+                                                prefix=f"e2e.{config}.{tag}", **options)
+            optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
+                                                 compression=self.compressor)
+        self.optimizer = optimizer
+        self._loss = torch.nn.functional.cross_entropy
+
+    def warmup_steps(self, args) -> int:
+        """Sparsifiers get more: their thresholds settle (the first step also plans buckets)."""
+        return args.warmup if self.method in ("horovod", "local") else args.sparse_warmup
+
+    def step(self, x, y) -> list[float]:
+        """One training step; seconds of zero_grad + forward, backward (Horovod's hooks and, for
+        some methods, the selection run here) and optimizer.step() (waiting for the exchange,
+        reconstruction, the update), then the CPU seconds the process spent on it (all threads,
+        Horovod's background thread included: a busy wait shows there)."""
+        cpu0 = time.process_time()
+        t0 = time.perf_counter()
+        self.optimizer.zero_grad()
+        loss = self._loss(self.model(x), y)
+        t1 = time.perf_counter()
+        loss.backward()
+        t2 = time.perf_counter()
+        self.optimizer.step()
+        t3 = time.perf_counter()
+        return [t1 - t0, t2 - t1, t3 - t2, time.process_time() - cpu0]
+
+    def record(self, repeat: int, steps: list[list[float]], batches, stat_steps: int) -> dict:
+        """This rank's record of a visit; the statistics come from ``stat_steps`` further untimed
+        steps, each followed by stats() (which costs a pass over the residual: kept out of the
+        timed steps)."""
+        stats = dict.fromkeys(STAT_KEYS, 0.0)
+        if self.compressor is not None:
+            for step in range(stat_steps):
+                self.step(*batches[step % len(batches)])
+                current = self.compressor.stats()
+                for key in STAT_KEYS:
+                    stats[key] += float(current.get(key, 0.0)) / stat_steps
+        elif self.method == "horovod":
+            itemsize = 2 if self.options["compression"] == "fp16" else 4
+            stats.update(density_actual=1.0, buildup=1.0, bytes_sent=self.numel * itemsize,
+                         bytes_received=self.numel * itemsize)
+        return {"config": self.config, "repeat": repeat, "numel": self.numel, "steps": steps, **stats}
+
+
+def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
+    """One record per (configuration, repeat): each step's time is its slowest rank's (the job
+    moves at that pace), the visit's step time their mean; phases and statistics are averaged
+    over ranks and steps."""
+    merged = []
+    for records in zip(*per_rank, strict=True):
+        first = records[0]
+        steps = [[r["steps"][i] for r in records] for i in range(len(first["steps"]))]
+        step_times = [max(sum(s[:3]) for s in ranks) for ranks in steps]
+        # When the last rank finished its backward pass: from then on, the step is the part of
+        # the exchange that computation did not hide, reconstruction and the update.
+        slowest_compute = [max(s[0] + s[1] for s in ranks) for ranks in steps]
+        out = {"config": first["config"], "repeat": first["repeat"], "numel": first["numel"],
+               "step_seconds": statistics.fmean(step_times), "step_times": step_times,
+               "slowest_compute_seconds": statistics.fmean(slowest_compute),
+               "after_compute_seconds": statistics.fmean(
+                   t - c for t, c in zip(step_times, slowest_compute, strict=True))}
+        for i, phase in enumerate(("forward_seconds", "backward_seconds", "optimizer_step_seconds")):
+            out[phase] = statistics.fmean(s[i] for ranks in steps for s in ranks)
+        cpu = [s[3] for ranks in steps for s in ranks if len(s) > 3]
+        if cpu:
+            out["cpu_seconds"] = statistics.fmean(cpu)
+        for key in STAT_KEYS:
+            out[key] = statistics.fmean(r[key] for r in records)
+        merged.append(out)
+    return merged
+
+
+def bandwidth_probe(hvd, torch, megabytes: float, size: int) -> dict:
+    """Time raw Horovod allreduces of ``megabytes`` MB of fp32 (median of 3 after one untimed):
+    the bus bandwidth (bytes x 2(N-1)/N / time, what each rank's link carries each way in a ring)
+    shows whether the emulated network gives what it was set to. The same element count in fp16
+    shows what Horovod's fp16 compression gains or costs on this transport."""
+    numel = max(1, int(megabytes * 1e6 / 4))
+    out: dict = {"bytes": numel * 4}
+    for dtype, label in ((torch.float32, "fp32"), (torch.float16, "fp16")):
+        tensor = torch.ones(numel, dtype=dtype)
+        times = []
+        for i in range(4):
+            hvd.barrier()
+            began = time.perf_counter()
+            hvd.allreduce(tensor, name=f"e2e.probe.{label}.{i}", op=hvd.Sum)
+            times.append(time.perf_counter() - began)
+        out[f"{label}_seconds"] = times[1:]
+        out[f"{label}_seconds_median"] = statistics.median(times[1:])
+    bus_bits = numel * 4 * 2 * (size - 1) / size * 8
+    out["bus_gbit_s_median"] = bus_bits / out["fp32_seconds_median"] / 1e9
+    out["bus_gbit_s_best"] = bus_bits / min(out["fp32_seconds"]) / 1e9
+    return out
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,125 @@
+"""The end-to-end benchmark's bookkeeping (scripts/bench_e2e.py and its worker): rotation of the
+configurations, merging ranks (a step lasts as long as its slowest rank), per-repeat ratios to
+dense, and the targets' verdicts. No Horovod job is started here."""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
+
+import bench_e2e
+import bench_e2e_worker
+
+
+def test_block_order_puts_every_configuration_first_and_last():
+    configs = ["a", "b", "c", "d"]
+    orders = [bench_e2e_worker.block_order(configs, r) for r in range(8)]
+    assert all(sorted(o) == configs for o in orders)
+    assert {o[0] for o in orders} == set(configs) and {o[-1] for o in orders} == set(configs)
+    assert orders[:4] == [configs, ["d", "c", "b", "a"], ["b", "c", "d", "a"], ["a", "d", "c", "b"]]
+    odd = [bench_e2e_worker.block_order(configs[:3], r)[0] for r in range(6)]
+    assert set(odd) == {"a", "b", "c"}
+
+
+def rank_record(config, repeat, steps, **stats):
+    base = dict.fromkeys(bench_e2e_worker.STAT_KEYS, 0.0)
+    base.update(stats)
+    return {"config": config, "repeat": repeat, "numel": 10, "steps": steps, **base}
+
+
+def test_merge_ranks_takes_each_steps_slowest_rank():
+    rank0 = [rank_record("dense", 0, [[0.1, 0.2, 0.3], [0.1, 0.1, 0.1]], density_actual=1.0)]
+    rank1 = [rank_record("dense", 0, [[0.1, 0.4, 0.1], [0.2, 0.2, 0.2]], density_actual=0.5)]
+    (merged,) = bench_e2e_worker.merge_ranks([rank0, rank1])
+    assert merged["step_times"] == pytest.approx([0.6, 0.6])
+    assert merged["step_seconds"] == pytest.approx(0.6)
+    assert merged["slowest_compute_seconds"] == pytest.approx((0.5 + 0.4) / 2)
+    assert merged["after_compute_seconds"] == pytest.approx((0.1 + 0.2) / 2)
+    assert merged["density_actual"] == pytest.approx(0.75)
+    assert merged["backward_seconds"] == pytest.approx((0.2 + 0.1 + 0.4 + 0.2) / 4)
+
+
+def job_with(times_by_config: dict[str, list[float]], size=4, **extra) -> dict:
+    records = []
+    for config, times in times_by_config.items():
+        for repeat, t in enumerate(times):
+            record = {"config": config, "repeat": repeat, "step_seconds": t}
+            for key in ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
+                        "comm_wait_seconds", "forward_seconds", "backward_seconds",
+                        "optimizer_step_seconds", "slowest_compute_seconds", "after_compute_seconds"):
+                record[key] = 0.001 if key == "density_actual" else 0.0
+            records.append(record)
+    job = {"records": records, "size": size, "batch_per_rank": 8, **extra}
+    job["summary"] = bench_e2e.summarize_job(job)
+    return job
+
+
+def test_ratios_are_taken_within_each_repeat():
+    # The machine runs 3x slower in repeat 1: each repeat's ratio is taken within the repeat
+    # (medians of the step times alone would give 0.3 / 2.0 = 0.15).
+    job = job_with({"dense": [1.0, 3.0, 2.0], "exdyna": [0.3, 0.9, 0.2]})
+    exdyna = job["summary"]["exdyna"]
+    assert exdyna["ratio_to_dense"]["median"] == pytest.approx(0.3)
+    assert exdyna["ratio_to_dense"]["min"] == pytest.approx(0.1)
+    assert exdyna["ratio_to_dense"]["max"] == pytest.approx(0.3)
+    assert exdyna["step_seconds"]["median"] == pytest.approx(0.3)
+    assert exdyna["samples_per_second"]["median"] == pytest.approx(4 * 8 / 0.3)
+
+
+def test_targets_verdicts():
+    comm = job_with({"dense": [1.0] * 3, "exdyna": [0.34] * 3, "exdyna-tracking": [0.36] * 3,
+                     "topk": [0.5] * 3, "local": [0.1] * 3},
+                    model="mlp25m", net="1gbit", size=4)
+    compute = job_with({"dense": [1.0] * 3, "exdyna": [1.14] * 3, "exdyna-tracking": [1.2] * 3},
+                       model="cnn", net="loopback", size=4)
+    elsewhere = job_with({"dense": [1.0], "exdyna": [0.9]}, model="mlp25m", net="loopback", size=4)
+    verdicts = {(t["config"], "overhead" in t): t for t in
+                bench_e2e.evaluate_targets([comm, compute, elsewhere])}
+    assert len(verdicts) == 4
+    assert verdicts["exdyna", False]["met"] and not verdicts["exdyna-tracking", False]["met"]
+    assert verdicts["exdyna-tracking", False]["met_faster_than_topk"]
+    assert verdicts["exdyna", True]["met"] and not verdicts["exdyna-tracking", True]["met"]
+    assert verdicts["exdyna", True]["overhead"] == pytest.approx(0.14)
+    assert verdicts["exdyna", True]["verdict"] == "met"
+    assert verdicts["exdyna-tracking", False]["verdict_ratio"] == "not met"
+    slow = job_with({"dense": [1.0], "exdyna": [0.3], "topk": [0.25]}, model="mlp25m", net="1gbit",
+                    size=4)
+    (verdict,) = bench_e2e.evaluate_targets([slow])
+    assert verdict["met_ratio"] and not verdict["met_faster_than_topk"] and not verdict["met"]
+
+
+def test_markdown_states_the_verdicts():
+    job = job_with({"dense": [1.0] * 2, "exdyna": [0.3] * 2, "topk": [0.5] * 2, "local": [0.1] * 2},
+                   model="mlp25m", net="1gbit", size=4, numel=25_000_000, configs=["dense", "exdyna"],
+                   schedule="blocks", repeats=2, steps=2, launcher="gloo", wall_seconds=1.0,
+                   load_average_before=[1.0], load_average_after=[1.0],
+                   probe={"bus_gbit_s_median": 0.9, "bytes": 1e6})
+    result = {"mode": "quick", "machine": {}, "load_average_start": [1.0], "command": "x",
+              "density": 0.001, "plan": {"warmup": 1, "sparse_warmup": 5}, "netem_note": "",
+              "jobs": [job], "targets": bench_e2e.evaluate_targets([job])}
+    text = bench_e2e.markdown(result)
+    assert "| exdyna | 300 [300–300] |" in text
+    assert "0.300× dense (0.300–0.300)" in text
+    assert "| ratio: met; faster than top-k: yes |" in text
+
+
+def test_rates():
+    assert bench_e2e.rate_bits("10gbit") == 1e10
+    assert bench_e2e.rate_bits("100mbit") == 1e8
+    assert bench_e2e.rate_bits("loopback") is None
+
+
+def test_verdict_is_qualified_when_the_interval_crosses_the_limit():
+    assert bench_e2e.verdict(0.30, [0.25, 0.34], 0.35) == "met"
+    assert bench_e2e.verdict(0.30, [0.25, 0.40], 0.35) == "met (within noise)"
+    assert bench_e2e.verdict(0.40, [0.30, 0.45], 0.35) == "not met (within noise)"
+    assert bench_e2e.verdict(0.40, [0.36, 0.45], 0.35) == "not met"
+    noisy = [1.0, 1.5, 0.9, 1.2, 1.1, 0.8, 1.3]
+    lo, hi = bench_e2e.median_ci(noisy)
+    assert lo <= statistics.median(noisy) <= hi and lo < hi
+    assert bench_e2e.median_ci(noisy) == [lo, hi]  # seeded
