@@ -5,7 +5,7 @@ RUN    := OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1
 NP     ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test unit lint clean
+.PHONY: install demo test unit lint bench report clean
 
 install:
 	@bash tools/install.sh
@@ -14,7 +14,7 @@ demo: install
 	$(RUN) $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) $(PYTHON) examples/digits_torch.py
 
 lint: install
-	$(VENV)/bin/ruff check hvd_sparse tests examples tools
+	$(VENV)/bin/ruff check hvd_sparse tests examples tools scripts
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") matches no test: report it, do not fail.
 test: install lint
@@ -23,6 +23,22 @@ test: install lint
 
 unit: install
 	$(RUN) $(PYTHON) -m pytest -ra -m "not multiproc" $(PYTEST_ARGS)
+
+# The quick version of every measurement (about 20 minutes on 2 cores), into bench/quick/ with its
+# own BENCHMARKS.md; the emulated-network part of the end-to-end benchmark needs root.
+QUICK := bench/quick
+bench: install
+	$(RUN) $(PYTHON) scripts/bench_select.py --quick --out-dir $(QUICK)
+	$(RUN) $(PYTHON) scripts/fidelity.py --quick --out-dir $(QUICK)
+	$(RUN) $(PYTHON) scripts/convergence.py --quick --out-dir $(QUICK)
+	$(RUN) $(PYTHON) scripts/sim_scale.py --quick --out-dir $(QUICK)
+	$(RUN) $(PYTHON) scripts/bench_e2e.py --quick --out $(QUICK)/e2e \
+		$$([ "$$(id -u)" -eq 0 ] || echo "--nets loopback")
+	$(PYTHON) scripts/report.py --bench-dir $(QUICK) --out $(QUICK)/BENCHMARKS.md
+
+# BENCHMARKS.md from the full runs' results in bench/ (their commands are in BENCHMARKS.md).
+report: install
+	$(PYTHON) scripts/report.py
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis

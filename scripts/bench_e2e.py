@@ -320,7 +320,33 @@ def evaluate_targets(jobs: list[dict]) -> list[dict]:
                 "verdict": verdict(ratio["median"], ratio["ci95"], 1 + COMPUTE_OVERHEAD_MAX),
                 "met": ratio["median"] - 1 <= COMPUTE_OVERHEAD_MAX,
             })
+    for target in out:
+        target["figure"], target["verdict"] = describe_target(target)
     return out
+
+
+def describe_target(t: dict) -> tuple[str, str]:
+    """(figure, verdict) of a target as text: what BENCHMARKS.md and the Markdown show."""
+    def number(value, spec: str) -> str:
+        return "–" if value is None else format(value, spec)
+
+    if t["kind"] == "communication-bound":
+        lo, hi = t["ratio_ci95"]
+        topk_lo, topk_hi = t["ratio_to_topk_ci95"] or (None, None)
+        figure = (f"{t['ratio_to_dense']:.3f}× dense ({lo:.3f}–{hi:.3f}); {t['step_ms']:.0f} ms "
+                  f"vs top-k {number(t['topk_step_ms'], '.0f')} ms, per-visit ratio to top-k "
+                  f"{number(t['ratio_to_topk'], '.2f')} ({number(topk_lo, '.2f')}–"
+                  f"{number(topk_hi, '.2f')}); achieved density {t['density_actual']:.2e} vs "
+                  f"top-k {number(t['topk_density_actual'], '.2e')}; computation alone "
+                  f"{number(t['compute_only_ratio_to_dense'], '.3f')}× dense")
+        verdict = (f"ratio: {t['verdict_ratio']}; faster than top-k: "
+                   f"{'yes' if t['met_faster_than_topk'] else 'no'}"
+                   f"{' (within noise)' if 'noise' in (t['verdict_faster_than_topk'] or '') else ''}")
+        return figure, verdict
+    lo, hi = t["overhead_ci95"]
+    figure = (f"{t['overhead']:+.1%} ({lo:+.1%}–{hi:+.1%}), {t['samples']} paired steps; "
+              f"{t['step_ms']:.0f} ms vs dense {t['dense_step_ms']:.0f} ms")
+    return figure, t["verdict"]
 
 
 def markdown(result: dict) -> str:
@@ -401,23 +427,7 @@ def markdown(result: dict) -> str:
                   "of the median (in parentheses) crosses the limit.", "",
                   "| target | figure | met |", "|---|---|---|"]
         for t in result["targets"]:
-            if t["kind"] == "communication-bound":
-                lo, hi = t["ratio_ci95"]
-                figure = (f"{t['ratio_to_dense']:.3f}× dense ({lo:.3f}–{hi:.3f}); {t['step_ms']:.0f} ms "
-                          f"vs top-k {t['topk_step_ms']:.0f} ms, per-visit ratio to top-k "
-                          f"{t['ratio_to_topk']:.2f} ({t['ratio_to_topk_ci95'][0]:.2f}–"
-                          f"{t['ratio_to_topk_ci95'][1]:.2f}); achieved density "
-                          f"{t['density_actual']:.2e} vs top-k {t['topk_density_actual']:.2e}; "
-                          f"computation alone {t['compute_only_ratio_to_dense']:.3f}× dense")
-                met = (f"ratio: {t['verdict_ratio']}; faster than top-k: "
-                       f"{'yes' if t['met_faster_than_topk'] else 'no'}"
-                       f"{' (within noise)' if 'noise' in (t['verdict_faster_than_topk'] or '') else ''}")
-            else:
-                lo, hi = t["overhead_ci95"]
-                figure = (f"{t['overhead']:+.1%} ({lo:+.1%}–{hi:+.1%}), {t['samples']} paired steps; "
-                          f"{t['step_ms']:.0f} ms vs dense {t['dense_step_ms']:.0f} ms")
-                met = t["verdict"]
-            lines.append(f"| {t['target']} | {figure} | {met} |")
+            lines.append(f"| {t['target']} | {t['figure']} | {t['verdict']} |")
         lines.append("")
     return "\n".join(lines)
 

@@ -344,6 +344,24 @@ def markdown(report: dict, figures: list[str]) -> str:
     return "\n".join(lines)
 
 
+def judge(report: dict) -> list[dict]:
+    """The issue's build-up target, met or not, with its figures (read by scripts/report.py)."""
+    rows = report.get("buildup", {})
+    if not rows:
+        return []
+    sizes = sorted({r["world_size"] for r in rows.values()})
+    exclusive = sorted({r["method"] for r in rows.values() if r["method"] != "topk"})
+    exact = all(r["union_is_sum_of_counts"] for r in rows.values() if r["method"] != "topk")
+    worst = max((r["union_over_counts"] for r in rows.values() if r["method"] != "topk"), default=1.0)
+    topk = {r["world_size"]: r["union_over_k"] for r in rows.values() if r["method"] == "topk"}
+    figure = (f"N = {sizes[0]} … {sizes[-1]}: union = Σ counts + common at every step for "
+              f"{', '.join(exclusive)} (largest mean ratio {worst:.4f})")
+    if topk:
+        figure += "; top-k union/k " + ", ".join(f"{topk[n]:.2f} (N={n})" for n in sorted(topk))
+    return [{"target": "exclusive methods' union/k exactly 1.0 at every N (no build-up)",
+             "met": exact, "figure": figure}]
+
+
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
@@ -364,6 +382,7 @@ def main() -> None:
     if args.part in ("waste", "all") and waste_spec is not None:
         waste(report, waste_spec, out_json)
     figures = plot(report, out_dir)
+    report["targets"] = judge(report)
     out_json.write_text(json.dumps(report))
     (out_dir / "fidelity.md").write_text(markdown(report, figures))
     failed = [key for key, r in report.get("buildup", {}).items()

@@ -13,15 +13,17 @@ import argparse
 import json
 import os
 import platform
+import re
 from pathlib import Path
 
-SECTIONS = [  # (fragment, title, command that produces it)
-    ("select.md", "Selection cost", "python scripts/bench_select.py --quick  (full: see its docstring)"),
-    ("fidelity.md", "Fidelity: density error, imbalance, build-up",
-     "python scripts/fidelity.py --quick  (full: see its docstring)"),
-    ("convergence.md", "Convergence", "python scripts/convergence.py --quick  (full: see its docstring)"),
-    ("e2e.md", "End to end", "python scripts/bench_e2e.py --quick  (full: see its docstring; root, for "
-     "network namespaces)"),
+SECTIONS = [  # (fragment, title, the full run's command; every script's docstring has the rest)
+    ("select.md", "Selection cost",
+     "python scripts/bench_select.py --sizes 1e5 1e6 1e7 25e6 1e8 --world-sizes 1 2 4 8 16 "
+     "--repeats 7 --out-dir bench"),
+    ("fidelity.md", "Fidelity: density error, imbalance, build-up", "python scripts/fidelity.py"),
+    ("convergence.md", "Convergence", "python scripts/convergence.py"),
+    ("e2e.md", "End to end", "python scripts/bench_e2e.py  (root: network namespaces)"),
+    ("sim_scale.md", "Simulator scale", "python scripts/sim_scale.py"),
 ]
 
 
@@ -81,13 +83,22 @@ def select_targets(result: dict | None) -> list[tuple[str, str, str]]:
 
 
 def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
-    """Targets the other scripts evaluated themselves (a "targets" list in their JSON)."""
+    """Targets the other scripts evaluated themselves: a "targets" list in their JSON, each with
+    "target", "met" and optionally "method", "verdict" (a qualified verdict) and "figure" or
+    "measured" (the numbers behind it)."""
     rows = []
     for name in ("fidelity.json", "convergence.json", "e2e.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
-            rows.append((target["target"], target["verdict"], target.get("figure", "")))
+            title = target["target"] + (f" — {target['method']}" if target.get("method") else "")
+            verdict = target.get("verdict") or ("met" if target.get("met") else "not met")
+            rows.append((title, verdict, target.get("figure") or target.get("measured", "")))
     return rows
+
+
+def relink_images(text: str, prefix: str) -> str:
+    """A fragment links its plots relative to its own folder; BENCHMARKS.md may sit elsewhere."""
+    return re.sub(r"\]\((?!https?:|/)([^)/]+\.png)\)", lambda m: f"]({prefix}/{m.group(1)})", text)
 
 
 def main() -> None:
@@ -96,6 +107,7 @@ def main() -> None:
     parser.add_argument("--out", default="BENCHMARKS.md")
     args = parser.parse_args()
     bench = Path(args.bench_dir)
+    prefix = Path(os.path.relpath(bench, Path(args.out).resolve().parent)).as_posix()
     lines = ["# Benchmarks", "",
              "Written by `scripts/report.py` from the files the benchmark scripts left in `bench/`; "
              "no figure is typed by hand. These machines are small and shared: results are ratios "
@@ -107,12 +119,14 @@ def main() -> None:
         lines.append(f"| {target} | {verdict} | {figure} |")
     lines.append("")
     for number, (fragment, title, command) in enumerate(SECTIONS, start=1):
-        lines += [f"## {number}. {title}", "", f"`{command}`", ""]
+        lines += [f"## {number}. {title}", "", f"Command (with `OMP_NUM_THREADS=1`): `{command}`; "
+                  "`--quick` gives the short version `make bench` runs.", ""]
         path = bench / fragment
-        lines.append(path.read_text().strip() if path.exists() else "_Not run on this machine._")
+        text = relink_images(path.read_text().strip(), prefix) if path.exists() else None
+        lines.append(text or "_Not run on this machine._")
         png = path.with_suffix(".png")
-        if png.exists():
-            lines += ["", f"![{title}]({png.as_posix()})"]
+        if png.exists() and f"{prefix}/{png.name}" not in (text or ""):
+            lines += ["", f"![{title}]({prefix}/{png.name})"]
         lines.append("")
     gpu = sorted((bench / "gpu").glob("*.log")) if (bench / "gpu").exists() else []
     if gpu:
