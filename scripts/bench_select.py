@@ -32,6 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from plotting import pyplot
 
 import hvd_sparse
 from hvd_sparse.backends import get_backend
@@ -174,12 +175,8 @@ def write_report(result: dict, out_dir: Path) -> None:
         lines.append(f"ExDyna's memory overhead: {result['memory_copies_per_rank']:.2f} fp32 copies of "
                      f"the model per rank (residual and selection temporaries).")
     (out_dir / "select.md").write_text("\n".join(lines) + "\n")
-    try:
-        import matplotlib
-
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
+    plt = pyplot()
+    if plt is None:
         return
     figure, axes = plt.subplots(1, 2 if sweep else 1, figsize=(12 if sweep else 6, 4.5), squeeze=False)
     ax = axes[0][0]

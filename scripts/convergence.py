@@ -39,6 +39,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plotting import pyplot
+
 from hvd_sparse.sim import simulate
 
 # name -> (method, options, optimizer momentum or None for the task's)
@@ -274,12 +276,8 @@ def markdown(report: dict, targets: list[dict], figures: list[str]) -> str:
 
 
 def plot(report: dict, out_dir: Path) -> list[str]:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no figures", flush=True)
+    plt = pyplot()
+    if plt is None:
         return []
     groups = group_runs(report)
     config = report["config"]

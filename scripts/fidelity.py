@@ -40,6 +40,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plotting import pyplot
+
 from hvd_sparse.sim import simulate
 from hvd_sparse.sim.tasks import TASKS
 
@@ -204,12 +206,8 @@ def smooth(values: list[float]) -> np.ndarray:
 
 
 def plot(report: dict, out_dir: Path) -> list[str]:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no figures", flush=True)
+    plt = pyplot()
+    if plt is None:
         return []
     written = []
     runs = report.get("curves", {})

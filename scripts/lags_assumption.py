@@ -31,6 +31,8 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from plotting import pyplot
+
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
@@ -75,12 +77,8 @@ def evaluate(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
 
 
 def plot(report: dict, path: str) -> bool:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        print("matplotlib not installed: no plot", flush=True)
+    plt = pyplot()
+    if plt is None:
         return False
     epochs = [e["epoch"] for e in report["epochs"]]
     fig, ax = plt.subplots(figsize=(6, 4))
