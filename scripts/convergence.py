@@ -199,25 +199,28 @@ def judge(report: dict) -> list[dict]:
                 delta = 100.0 * (value - base)
                 met = delta >= -ACCURACY_POINTS
                 text = f"accuracy {100 * value:.2f}% vs dense {100 * base:.2f}% ({delta:+.2f} points)"
-                target = f"digits accuracy within {ACCURACY_POINTS:g} point of dense at ρ=0.01"
+                target = (f"digits accuracy within {ACCURACY_POINTS:g} point of dense at ρ=0.01 after "
+                          f"{runs[0]['steps']} steps")
             else:
                 delta = value / base - 1.0
                 met = delta <= share
                 text = f"perplexity {value:.3f} vs dense {base:.3f} ({100 * delta:+.1f}%)"
-                target = f"LSTM perplexity within {100 * share:g}% of dense at ρ=0.01"
+                target = (f"LSTM perplexity within {100 * share:g}% of dense at ρ=0.01 after "
+                          f"{runs[0]['steps']} steps")
             targets.append({"target": target, "method": method, "met": bool(met), "measured": text})
     for (task, method, density), runs in sorted(groups.items()):
+        label = f"{method} ({task}, ρ={density:g}, {runs[0]['steps']} steps)"
         if method.startswith("exdyna"):
             waste = mean_of(runs, "imbalance_mean")
             targets.append({"target": f"ExDyna padding waste ≤ {100 * PADDING_WASTE:g}% of the union",
-                            "method": f"{method} ({task}, ρ={density:g})", "met": waste <= PADDING_WASTE,
+                            "method": label, "met": waste <= PADDING_WASTE,
                             "measured": f"mean imbalance {100 * waste:.1f}% (90th percentile "
                                         f"{100 * mean_of(runs, 'imbalance_p90'):.1f}%)"})
         if method == "exdyna-tracking":
             ratio = mean_of(runs, "density_ratio_mean")
             targets.append({"target": f"achieved density within {100 * DENSITY_SHARE:g}% of target "
                                       "(tracking)",
-                            "method": f"{method} ({task}, ρ={density:g})",
+                            "method": label,
                             "met": abs(ratio - 1.0) <= DENSITY_SHARE,
                             "measured": f"mean achieved/target {ratio:.3f}"})
     return targets

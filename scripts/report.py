@@ -27,6 +27,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "python scripts/convergence.py --tasks lstm --methods dense exdyna-tracking topk "
      "--densities 0.01 --steps 6000 --out-dir bench/convergence-long"),
     ("e2e.md", "End to end", "python scripts/bench_e2e.py  (root: network namespaces)"),
+    ("e2e-compute.md", "End to end, compute-bound, many paired steps",
+     "python scripts/bench_e2e.py --models cnn --nets loopback --sizes 2 4 "
+     "--configs dense,exdyna,exdyna-tracking,topk,local --rounds 60 --out bench/e2e-compute"),
     ("sim_scale.md", "Simulator scale", "python scripts/sim_scale.py"),
 ]
 
@@ -92,7 +95,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     row), "verdict" (a qualified verdict) and "figure" or "measured" (the numbers behind it)."""
     rows: list[tuple[str, str, str]] = []
     grouped: dict[str, list[dict]] = {}
-    for name in ("fidelity.json", "convergence.json", "e2e.json"):
+    for name in ("fidelity.json", "convergence.json", "convergence-long/convergence.json", "e2e.json",
+                 "e2e-compute.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
             if target.get("method"):
