@@ -48,7 +48,9 @@ def test_padding_and_density_targets():
             fake_run("lstm", "exdyna-tracking", 0.01, 3.0, imbalance=0.11, ratio=1.049),
             fake_run("lstm", "exdyna-tracking", 0.001, 3.0, imbalance=0.05, ratio=0.94)]
     targets = convergence.judge({"runs": {str(i): r for i, r in enumerate(runs)}})
-    by = {(t["target"][:8], t["method"]): t["met"] for t in targets}
+    # labels name the budget: "exdyna (lstm, ρ=0.01, 10 steps)"
+    by = {(t["target"][:8], t["method"].rsplit(",", 1)[0] + ")"): t["met"] for t in targets}
+    assert all(t["method"].endswith(" steps)") for t in targets)
     assert by[("ExDyna p", "exdyna (lstm, ρ=0.01)")]
     assert not by[("ExDyna p", "exdyna-tracking (lstm, ρ=0.01)")]
     assert by[("achieved", "exdyna-tracking (lstm, ρ=0.01)")]
@@ -67,5 +69,7 @@ def test_condensed_run_and_buildup_verdict():
     report = {"config": {"quick": True, "buildup": {"task": "digits", "density": 0.001, "steps": 4}},
               "buildup": {"micro/2": row}}
     assert "**met**" in fidelity.markdown(report, [])
+    assert [t["met"] for t in fidelity.judge(report)] == [True]
     report["buildup"]["micro/2"] = dict(row, union_is_sum_of_counts=False)
     assert "**NOT MET**" in fidelity.markdown(report, [])
+    assert [t["met"] for t in fidelity.judge(report)] == [False]
