@@ -73,3 +73,25 @@ def test_condensed_run_and_buildup_verdict():
     report["buildup"]["micro/2"] = dict(row, union_is_sum_of_counts=False)
     assert "**NOT MET**" in fidelity.markdown(report, [])
     assert [t["met"] for t in fidelity.judge(report)] == [False]
+
+
+def test_report_groups_targets_and_explains_misses(tmp_path):
+    import json
+
+    import report
+
+    (tmp_path / "convergence.json").write_text(json.dumps({"targets": [
+        {"target": "ExDyna padding waste ≤ 10% of the union", "method": "a", "met": True, "measured": "5%"},
+        {"target": "ExDyna padding waste ≤ 10% of the union", "method": "b", "met": False,
+         "measured": "30%"}]}))
+    (tmp_path / "e2e.json").write_text(json.dumps({"targets": [
+        {"target": "exdyna step <= 0.35 x dense", "met": True, "verdict": "met (within noise)",
+         "figure": "0.3x"}]}))
+    rows = report.collected_targets(tmp_path)
+    assert ("ExDyna padding waste ≤ 10% of the union (convergence runs)", "not met (1 of 2 runs)",
+            "a: 5%; b: 30%") in rows
+    assert ("exdyna step <= 0.35 x dense", "met (within noise)", "0.3x") in rows
+    notes = "\n".join(report.cause_notes(rows))
+    assert "Padding waste" in notes and "End to end" in notes and "Perplexity" not in notes
+    assert report.relink_images("![p](x.png) ![q](http://h/y.png)", "bench") == \
+        "![p](bench/x.png) ![q](http://h/y.png)"
