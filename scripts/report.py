@@ -30,6 +30,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("e2e-compute.md", "End to end, compute-bound, many paired steps",
      "python scripts/bench_e2e.py --models cnn --nets loopback --sizes 2 4 "
      "--configs dense,exdyna,exdyna-tracking,topk,local --rounds 60 --out bench/e2e-compute"),
+    ("e2e-nets.md", "End to end across networks (7M-parameter MLP, 4 ranks)",
+     "python scripts/bench_e2e.py --models mlp7m --nets 10gbit 100mbit --sizes 4 "
+     "--configs dense,fp16,exdyna,exdyna-tracking,topk,dgc,local --out bench/e2e-nets"),
     ("sim_scale.md", "Simulator scale", "python scripts/sim_scale.py"),
 ]
 
