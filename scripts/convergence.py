@@ -48,6 +48,7 @@ METHODS = {
     "dense": ("dense", {}, None),
     "exdyna": ("exdyna", {}, None),
     "exdyna-tracking": ("exdyna", {"threshold": "tracking"}, None),
+    "exdyna-tracking-histogram": ("exdyna", {"threshold": "tracking", "rebalance": "histogram"}, None),
     "micro": ("micro", {}, None),
     "deft": ("deft", {}, None),
     "lags": ("lags", {}, None),
@@ -190,7 +191,7 @@ def judge(report: dict) -> list[dict]:
         if not dense:
             continue
         base = mean_of(dense, "final")
-        for method in ("exdyna", "exdyna-tracking"):
+        for method in ("exdyna", "exdyna-tracking", "exdyna-tracking-histogram"):
             runs = groups.get((task, method, 0.01))
             if not runs:
                 continue
@@ -216,7 +217,7 @@ def judge(report: dict) -> list[dict]:
                             "method": label, "met": waste <= PADDING_WASTE,
                             "measured": f"mean imbalance {100 * waste:.1f}% (90th percentile "
                                         f"{100 * mean_of(runs, 'imbalance_p90'):.1f}%)"})
-        if method == "exdyna-tracking":
+        if method.startswith("exdyna-tracking"):
             ratio = mean_of(runs, "density_ratio_mean")
             targets.append({"target": f"achieved density within {100 * DENSITY_SHARE:g}% of target "
                                       "(tracking)",

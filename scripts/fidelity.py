@@ -52,6 +52,7 @@ CURVE_METHODS = {
     "exdyna-neighbour": ("exdyna", {"rebalance": "neighbour"}, None),
     "exdyna-tracking": ("exdyna", {"threshold": "tracking"}, None),
     "exdyna-tracking-neighbour": ("exdyna", {"threshold": "tracking", "rebalance": "neighbour"}, None),
+    "exdyna-tracking-histogram": ("exdyna", {"threshold": "tracking", "rebalance": "histogram"}, None),
     "deft": ("deft", {}, None),
     "topk": ("topk", {}, None),
     "gaussiank": ("gaussiank", {}, None),
@@ -77,7 +78,7 @@ QUICK_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64], "steps": 10, "density": 0.001, 
 # same density a larger model gives every partition more entries per step, so step-to-step
 # fluctuations of the counts weigh less against the mean.
 FULL_WASTE = {"world_size": 4, "steps": 600, "hidden": [128, 256, 512], "densities": [0.01, 0.001],
-              "methods": ["exdyna", "exdyna-tracking"]}
+              "methods": ["exdyna", "exdyna-tracking", "exdyna-tracking-histogram"]}
 SMOOTH = 25   # moving-average window of the plotted curves
 
 
@@ -213,7 +214,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
     runs = report.get("curves", {})
     configs = sorted({(r["task"], r["density"]) for r in runs.values()}, key=lambda c: (c[0], -c[1]))
     if configs:
-        colors = {m: plt.cm.tab10(i % 10) for i, m in enumerate(CURVE_METHODS)}
+        colors = {m: plt.cm.tab20(i % 20) for i, m in enumerate(CURVE_METHODS)}
         fig, axes = plt.subplots(len(configs), 2, figsize=(13, 4.2 * len(configs)), squeeze=False)
         for row, (task, density) in enumerate(configs):
             left, right = axes[row]

@@ -19,6 +19,12 @@ Named options (off in paper mode):
   p ≡ t mod 2) keeps two moves from meeting in one partition; after deciding, each rank hands its
   partition's new range to rank r-1, which owns it next step (§2.3.2). Jacobi-style, so it is not
   bit-identical to the sweep; it converges at about half the speed.
+* ``rebalance="histogram"``: every rank also reads the per-block counts off the gathered indices
+  (no message), keeps a decaying average of them (``histogram_decay``, default 0.8) and places
+  the boundaries where the cumulative load crosses p/N of the total, at least one block per
+  partition. The sweep moves one block per boundary per step from per-partition counts, which on
+  a model whose load sits in a small region takes hundreds of steps (char-LSTM of 1.2M
+  parameters, N = 4, ρ = 0.01: padding waste 43% with the sweep, 10% with the histogram).
 * ``rebalance="off"``: fixed blocks (no boundary moves).
 * ``num_blocks``: another block count, or "auto" = max(1024, 16·N), which lifts the paper's
   N ≤ 256 limit (with 1024 blocks a partition needs more than 1024/(4N) ≥ 1 blocks to give one).
@@ -40,7 +46,7 @@ from ..errors import ConfigurationError
 from .base import StepContext, StepOutcome, check_choice
 from .micro import ExclusiveControl, MiCRO, owned_partition
 
-REBALANCE_MODES = ("exact", "neighbour", "off")
+REBALANCE_MODES = ("exact", "neighbour", "histogram", "off")
 PAPER_BLOCKS = 1024
 BLOCK_ALIGN = 32
 
@@ -114,6 +120,29 @@ def sweep(blocks: list[int], loads: list[int], union: int, n: int, block: int, n
     return blocks, moves
 
 
+def block_edges(num_blocks: int, block: int, n: int) -> np.ndarray:
+    """num_blocks+1 element bounds of the blocks; the last block also holds the tail."""
+    edges = np.arange(num_blocks + 1, dtype=np.int64) * block
+    edges[-1] = n
+    return edges
+
+
+def histogram_blocks(block_loads: np.ndarray, size: int) -> list[int] | None:
+    """Blocks per partition that split the cumulative block load into N equal shares (each
+    partition at least one block); None when there is no load to split."""
+    cumulative = np.cumsum(np.asarray(block_loads, dtype=np.float64))
+    num_blocks, total = len(cumulative), float(cumulative[-1])
+    if total <= 0.0:
+        return None
+    cuts = []
+    for p in range(1, size):
+        cut = int(np.searchsorted(cumulative, p * total / size, side="left")) + 1
+        low = (cuts[-1] if cuts else 0) + 1      # partition p-1 keeps at least one block
+        high = num_blocks - (size - p)           # and leaves one for each partition after it
+        cuts.append(min(max(cut, low), high))
+    return np.diff([0, *cuts, num_blocks]).tolist()
+
+
 def neighbour_update(partition: int, step: int, first_block: int, blocks: int, count: int,
                      left: tuple[int, int] | None, right: tuple[int, int] | None, union: int,
                      num_blocks: int, size: int, over: Fraction, under: Fraction
@@ -142,22 +171,28 @@ class ExDyna(MiCRO):
     Args:
         density: target fraction of entries aggregated per step, in (0, 1].
         rebalance: "exact" (paper: replicated sweep), "neighbour" (counts exchanged with ranks
-            r±1 only) or "off".
+            r±1 only), "histogram" (boundaries placed from per-block loads) or "off".
         num_blocks: blocks the model is cut into (paper: 1024), or "auto" = max(1024, 16·N).
         threshold: "paper" or "tracking" (see hvd_sparse.algorithms.micro).
         band: "code" (paper) or "symmetric" threshold band.
         over_band, under_band: a partition is over-loaded above over_band × mean load and
             under-loaded below under_band × mean (paper: "1.05", "0.95238"; decimal strings or
             numbers, compared exactly).
+        histogram_decay: weight of the past in the per-block load average of
+            ``rebalance="histogram"`` (0: the last step alone).
     """
 
     name = "exdyna"
 
     def __init__(self, density: float = 0.001, *, rebalance: str = "exact",
                  num_blocks: int | str = PAPER_BLOCKS, threshold: str = "paper", band: str = "code",
-                 over_band: str | float = "1.05", under_band: str | float = "0.95238"):
+                 over_band: str | float = "1.05", under_band: str | float = "0.95238",
+                 histogram_decay: float = 0.8):
         super().__init__(density, threshold=threshold, band=band)
         self.rebalance = check_choice("rebalance", rebalance, REBALANCE_MODES)
+        if not 0.0 <= float(histogram_decay) < 1.0:
+            raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")
+        self.histogram_decay = float(histogram_decay)
         if not (num_blocks == "auto" or (isinstance(num_blocks, int) and num_blocks >= 1)):
             raise ConfigurationError(f"num_blocks must be a positive int or 'auto', got {num_blocks!r}")
         self.num_blocks = num_blocks
@@ -200,18 +235,35 @@ class ExDyna(MiCRO):
         return first * block, ctx.numel if last else (first + blocks) * block
 
     def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
+        layout = control.layout
+        if self.rebalance == "histogram":
+            blocks = histogram_blocks(np.asarray(layout.get("block_loads", [0.0])), ctx.size)
+            if blocks is not None:
+                control.moves = int(np.count_nonzero(   # boundaries that moved
+                    np.cumsum(blocks)[:-1] != np.cumsum(layout["blocks"])[:-1]))
+                layout["blocks"] = blocks
+                control.bounds = block_bounds(blocks, layout["block"], ctx.numel)
+            return
         if self.rebalance != "exact":
             return
-        layout = control.layout
         layout["blocks"], control.moves = sweep(
             layout["blocks"], control.counts_prev.tolist(), control.union_prev, ctx.numel,
             layout["block"], layout["num_blocks"], self._over, self._under)
         control.bounds = block_bounds(layout["blocks"], layout["block"], ctx.numel)
 
     def partition_counts(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext):
+        layout = control.layout
         if control.bounds is None:  # neighbour mode: only the own count is known here
-            control.layout["own_count"] = int(outcome.selected)
+            layout["own_count"] = int(outcome.selected)
             return None
+        if self.rebalance == "histogram":
+            edges = block_edges(layout["num_blocks"], layout["block"], ctx.numel)
+            loads = np.asarray(ctx.backend.count_in_ranges(outcome.gathered_indices, edges),
+                               dtype=np.float64)
+            if "block_loads" in layout:
+                loads = self.histogram_decay * np.asarray(layout["block_loads"]) + (
+                    1.0 - self.histogram_decay) * loads
+            layout["block_loads"] = loads.tolist()   # a list: checkpoints hold plain data
         return super().partition_counts(control, outcome, ctx)
 
     # --- neighbour mode: the exchange runs inside the step's protocol --------------------------------

@@ -16,8 +16,10 @@ from hvd_sparse import ConfigurationError
 from hvd_sparse.algorithms import ExDyna, MiCRO
 from hvd_sparse.algorithms.exdyna import (
     block_bounds,
+    block_edges,
     block_layout,
     can_give_block,
+    histogram_blocks,
     initial_blocks,
     neighbour_update,
     sweep,
@@ -187,6 +189,47 @@ def test_neighbour_rounds_agree_across_ranks_and_keep_the_table_valid(data, size
         assert _valid(blocks, num_blocks, size, floor)
 
 
+# --- histogram placement ------------------------------------------------------------------------------
+def test_histogram_blocks_split_the_cumulative_load_evenly():
+    assert histogram_blocks(np.ones(8), 4) == [2, 2, 2, 2]
+    # All the load in the first two blocks: those become partitions of one block each, the rest
+    # share what is left, every partition keeping at least one block.
+    assert histogram_blocks(np.array([5.0, 5.0, 0, 0, 0, 0, 0, 0]), 4) == [1, 1, 1, 5]
+    assert histogram_blocks(np.array([0, 0, 0, 0, 0, 0, 0, 9.0]), 4) == [5, 1, 1, 1]
+    assert histogram_blocks(np.zeros(8), 4) is None
+    assert block_edges(4, 10, 45).tolist() == [0, 10, 20, 30, 45]   # the tail in the last block
+
+
+@given(st.lists(st.floats(0, 1e6), min_size=1, max_size=64), st.integers(1, 8))
+@settings(max_examples=200, deadline=None)
+def test_histogram_blocks_always_tile_the_blocks(loads, size):
+    if len(loads) < size:
+        return
+    blocks = histogram_blocks(np.array(loads), size)
+    if blocks is not None:
+        assert sum(blocks) == len(loads) and len(blocks) == size and min(blocks) >= 1
+
+
+def test_histogram_rebalancer_follows_a_concentrated_load_faster_than_the_sweep():
+    """Load concentrated in the first 10% of the vector: the sweep moves one block per boundary
+    per step, the histogram places the boundaries at once."""
+    size, n, rng = 4, 64 * 1024, np.random.default_rng(1)
+    scale = np.where(np.arange(n) < n // 10, 1.0, 0.05).astype(np.float32)
+    waste = {}
+    for mode in ("exact", "histogram"):
+        engines = [Engine(ExDyna(0.01, rebalance=mode, threshold="tracking"), NP, r, size)
+                   for r in range(size)]
+        imbalances = []
+        for _ in range(60):
+            grads = [[(rng.standard_normal(n) * scale).astype(np.float32)] for _ in range(size)]
+            LocalGroup(size).run([e.step("model", grads[r]) for r, e in enumerate(engines)])
+            stats = engines[0].stats()
+            assert stats["union"] == sum(stats["counts"])
+            imbalances.append(stats["imbalance"])
+        waste[mode] = float(np.mean(imbalances[30:]))
+    assert waste["histogram"] < 0.5 * waste["exact"], waste
+
+
 # --- configuration errors ------------------------------------------------------------------------
 def test_configuration_errors_name_the_fix():
     with pytest.raises(ConfigurationError, match="rebalance must be one of"):
@@ -195,6 +238,8 @@ def test_configuration_errors_name_the_fix():
         ExDyna(0.01, over_band="0.9")
     with pytest.raises(ConfigurationError, match="threshold must be one of"):
         MiCRO(0.01, threshold="exact")
+    with pytest.raises(ConfigurationError, match="histogram_decay must be in"):
+        ExDyna(0.01, rebalance="histogram", histogram_decay=1.0)
     engines = [Engine(ExDyna(0.01), NP, r, 300) for r in range(300)]
     with pytest.raises(ConfigurationError, match="num_blocks='auto'"):
         LocalGroup(300).run([e.step("model", [np.ones(20_000, np.float32)]) for e in engines])
@@ -215,6 +260,7 @@ def test_auto_blocks_lift_the_256_rank_limit():
 METHODS = [
     MiCRO(0.02), MiCRO(0.02, threshold="tracking"), ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
     ExDyna(0.02, threshold="tracking", band="symmetric"), ExDyna(0.02, rebalance="off"),
+    ExDyna(0.02, rebalance="histogram"),
 ]
 
 
@@ -270,6 +316,7 @@ def test_single_rank_counts_its_own_selection():
 
 
 @pytest.mark.parametrize("algorithm", [ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
+                                       ExDyna(0.02, rebalance="histogram"),
                                        MiCRO(0.02, threshold="tracking")], ids=repr)
 def test_checkpoint_resumes_with_identical_decisions(algorithm):
     size, rng = 3, np.random.default_rng(5)
