@@ -120,14 +120,14 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
 # about causes, no figures: the numbers are in the rows and the sections.
 CAUSES = {
     "ExDyna padding waste": (
-        "**Padding waste on the convergence runs.** These models are small (tens of thousands of "
-        "parameters), so each rank selects tens to a few hundred entries a "
-        "step, and which partition holds the large entries changes from step to step with the "
-        "minibatch: a layer's gradient scale moves as a whole and a small model's layer lies "
-        "inside one partition. The rebalancer works from the previous step's counts and can only "
-        "follow the lasting part of the imbalance (it does: compare MiCRO, which has no "
-        "rebalancer, in the tables). The Fidelity section's last table shows the waste as the model "
-        "grows."),
+        "**Padding waste.** Two causes, told apart by the Fidelity section's last table. On small "
+        "models each rank selects tens to a few hundred entries a step and the count of a "
+        "partition jumps from step to step (error feedback releases bursts); the rebalancer works "
+        "from the previous step and cannot follow that noise, whatever its rule. On larger models "
+        "the load sits in a small region (the LSTM's input weights, say) and the paper's sweep "
+        "moves one block per boundary per step, so it trails for hundreds of steps; "
+        "`rebalance=\"histogram\"` places the boundaries from per-block loads and removes that "
+        "part."),
     "LSTM perplexity": (
         "**Perplexity after a fixed budget.** Error feedback delays most of each update: at "
         "ρ = 0.01 an entry is applied on average only every few dozen steps, so within a short "
