@@ -172,7 +172,10 @@ def write_report(result: dict, out_dir: Path) -> None:
         lines.append(f"Versus world size at n = {sweep[0]['n']:,}: per-rank step ms (x floor) / of "
                      "which selection ms. The step keeps O(n) parts every method has (error feedback, "
                      "the finite check, writing the dense average); the selection is what scans "
-                     "n/N entries in the exclusive methods:")
+                     "n/N entries in the exclusive methods. The selection figure is rank 0's wall "
+                     "time around select(): it includes any collective a selection waits on (DEFT's "
+                     "layer norms), and in this one-process group other ranks' turns, so across "
+                     "methods compare the step:")
         lines.append("")
         lines.append("| method | " + " | ".join(f"N = {r['world_size']}" for r in sweep) + " |")
         lines.append("|---|" + "---|" * len(sweep))
