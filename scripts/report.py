@@ -189,8 +189,9 @@ def main() -> None:
     gpu = sorted((bench / "gpu").glob("*.log")) if (bench / "gpu").exists() else []
     if gpu:
         lines += ["## On a GPU", "",
-                  "Logs of the runs on an NVIDIA H200 (one call of the lent machine; the world-size "
-                  "sweep did not fit in its time):", ""]
+                  "Logs of the runs on an NVIDIA H200 (`python3 scripts/bench_select.py --device cuda "
+                  "...` and the CUDA tests), in the few minutes the lent machine gives a session; a run "
+                  "the time limit cut off is shown as far as it got.", ""]
         for log in gpu:
             lines += [f"`{log.as_posix()}`:", "", "```", log.read_text().strip(), "```", ""]
     Path(args.out).write_text("\n".join(lines) + "\n")
