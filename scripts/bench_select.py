@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from plotting import pyplot
+from plotting import pyplot, save
 
 import hvd_sparse
 from hvd_sparse.backends import get_backend
@@ -209,8 +209,7 @@ def write_report(result: dict, out_dir: Path) -> None:
         ax.set_ylabel("per-rank step (ms)")
         ax.set_title(f"n = {sweep[0]['n']:,}")
         ax.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(out_dir / "select.png", dpi=110)
+    save(figure, out_dir / "select.png")
 
 
 def main() -> None:

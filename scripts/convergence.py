@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from plotting import pyplot
+from plotting import pyplot, save
 
 from hvd_sparse.sim import simulate
 
@@ -318,11 +318,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
             ax.set_xlabel("step")
             ax.grid(alpha=0.3)
     axes[0][-1].legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    curves = out_dir / "convergence.png"
-    fig.savefig(curves, dpi=110)
-    plt.close(fig)
-    written = [str(curves)]
+    written = [save(fig, out_dir / "convergence.png")]
 
     exdyna = [(k, runs) for k, runs in sorted(groups.items()) if k[1].startswith("exdyna")]
     if exdyna:
@@ -343,11 +339,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
         for ax in (top, bottom):
             ax.grid(alpha=0.3)
         top.legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = out_dir / "convergence_exdyna.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(save(fig, out_dir / "convergence_exdyna.png"))
     return written
 
 

@@ -40,7 +40,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from plotting import pyplot
+from plotting import pyplot, save
 
 from hvd_sparse.sim import simulate
 from hvd_sparse.sim.tasks import TASKS
@@ -242,11 +242,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
                 ax.set_xlabel(f"step (moving average of {SMOOTH})")
                 ax.grid(alpha=0.3)
         axes[0][1].legend(fontsize=7, ncol=2)
-        fig.tight_layout()
-        path = out_dir / "fidelity.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(save(fig, out_dir / "fidelity.png"))
     rows = report.get("buildup", {})
     if rows:
         fig, ax = plt.subplots(figsize=(7, 4.5))
@@ -270,11 +266,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
         ax.set_title(f"gradient build-up versus N (digits CNN, ρ = {density:g})")
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8)
-        fig.tight_layout()
-        path = out_dir / "buildup.png"
-        fig.savefig(path, dpi=110)
-        plt.close(fig)
-        written.append(str(path))
+        written.append(save(fig, out_dir / "buildup.png"))
     return written
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 
@@ -17,3 +18,13 @@ def pyplot() -> Any | None:
         print("matplotlib not installed: no figures", flush=True)
         return None
     return plt
+
+
+def save(figure: Any, path: Path) -> str:
+    """Lay out, write at the reports' resolution and free a figure; returns the path written."""
+    import matplotlib.pyplot as plt
+
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+    return str(path)
