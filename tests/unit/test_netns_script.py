@@ -127,7 +127,10 @@ def test_failed_up_removes_everything():
 
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_interrupted_up_removes_everything(sig):
+    # SIGINT back to its default in the script: a shell started with it ignored (a background job
+    # of a non-interactive shell, as some CI runners start us) can neither trap nor receive it.
     proc = subprocess.Popen(["bash", str(SCRIPT), "up", "3", "1gbit"], start_new_session=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
                             env={**ENV, "HVDS_NETNS_SLOW": "1"}, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 20
     while f"{PREFIX}0" not in namespaces():  # interrupt once something exists
