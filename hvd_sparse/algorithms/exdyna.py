@@ -237,7 +237,9 @@ class ExDyna(MiCRO):
     def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
         layout = control.layout
         if self.rebalance == "histogram":
-            blocks = histogram_blocks(np.asarray(layout.get("block_loads", [0.0])), ctx.size)
+            if "block_loads" not in layout:   # nothing observed yet
+                return
+            blocks = histogram_blocks(np.asarray(layout["block_loads"]), ctx.size)
             if blocks is not None:
                 control.moves = int(np.count_nonzero(   # boundaries that moved
                     np.cumsum(blocks)[:-1] != np.cumsum(layout["blocks"])[:-1]))
@@ -256,15 +258,19 @@ class ExDyna(MiCRO):
         if control.bounds is None:  # neighbour mode: only the own count is known here
             layout["own_count"] = int(outcome.selected)
             return None
-        if self.rebalance == "histogram":
-            edges = block_edges(layout["num_blocks"], layout["block"], ctx.numel)
-            loads = np.asarray(ctx.backend.count_in_ranges(outcome.gathered_indices, edges),
-                               dtype=np.float64)
-            if "block_loads" in layout:
-                loads = self.histogram_decay * np.asarray(layout["block_loads"]) + (
-                    1.0 - self.histogram_decay) * loads
-            layout["block_loads"] = loads.tolist()   # a list: checkpoints hold plain data
-        return super().partition_counts(control, outcome, ctx)
+        if self.rebalance != "histogram":
+            return super().partition_counts(control, outcome, ctx)
+        # One count per block (one pass over the indices, one copy to the host); partitions are
+        # whole blocks, so their counts are sums of these.
+        edges = block_edges(layout["num_blocks"], layout["block"], ctx.numel)
+        counts = ctx.backend.count_in_ranges(outcome.gathered_indices, edges)
+        loads = counts.astype(np.float64)
+        if "block_loads" in layout:
+            loads = self.histogram_decay * np.asarray(layout["block_loads"]) + (
+                1.0 - self.histogram_decay) * loads
+        layout["block_loads"] = loads.tolist()   # a list: checkpoints hold plain data
+        starts = np.concatenate([[0], np.cumsum(layout["blocks"])[:-1]])
+        return np.add.reduceat(counts, starts)
 
     # --- neighbour mode: the exchange runs inside the step's protocol --------------------------------
     def select(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Protocol:
