@@ -38,7 +38,6 @@ import argparse
 import contextlib
 import json
 import os
-import platform
 import random
 import shutil
 import signal
@@ -54,6 +53,7 @@ REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
 from bench_e2e_worker import CONFIGS  # noqa: E402
+from results import machine_info  # noqa: E402
 
 WORKER = HERE / "bench_e2e_worker.py"
 NETNS = HERE / "netns.sh"
@@ -193,17 +193,6 @@ def netns(*args: str) -> str:
     return result.stdout.strip()
 
 
-def machine_info() -> dict:
-    info = {"cpus": os.cpu_count(), "kernel": platform.release(), "python": platform.python_version()}
-    with contextlib.suppress(OSError):
-        models = [line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
-                  if line.startswith("model name")]
-        info["cpu_model"] = models[0] if models else None
-    with contextlib.suppress(ValueError, OSError):
-        info["memory_gb"] = round(os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30, 1)
-    return info
-
-
 # --- summaries --------------------------------------------------------------------------------
 def spread(values: list[float]) -> dict:
     """Median, quartiles (inclusive method: within [min, max] even for 2-3 values) and range."""
@@ -232,6 +221,7 @@ def summarize_job(job: dict) -> dict:
     for r in records:
         by_config.setdefault(r["config"], []).append(r)
     dense = {r["repeat"]: r["step_seconds"] for r in by_config.get("dense", [])}
+    topk = {r["repeat"]: r["step_seconds"] for r in by_config.get("topk", [])}
     rows = {}
     for config, recs in by_config.items():
         steps = [r["step_seconds"] for r in recs]
@@ -240,7 +230,6 @@ def summarize_job(job: dict) -> dict:
         ratios = per_repeat_ratios(recs, dense)
         if ratios:
             row["ratio_to_dense"] = {**spread(ratios), "ci95": median_ci(ratios)}
-        topk = {r["repeat"]: r["step_seconds"] for r in by_config.get("topk", [])}
         ratios = per_repeat_ratios(recs, topk)
         if ratios and config != "topk":
             row["ratio_to_topk"] = {**spread(ratios), "ci95": median_ci(ratios)}

@@ -39,8 +39,6 @@ METHODS = {
 }
 
 
-
-
 def train(method: str, args, data) -> dict:
     x_train, y_train, x_test, y_test = data
     torch.manual_seed(0)

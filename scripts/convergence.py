@@ -39,7 +39,7 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from plotting import pyplot, save
+from results import output_dir, pyplot, save
 
 from hvd_sparse.sim import simulate
 
@@ -346,8 +346,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    out_dir = args.out_dir or Path("bench/quick" if args.quick else "bench")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(args.out_dir, args.quick)
     out_json = out_dir / "convergence.json"
     report = run_all(args, out_json)
     targets = judge(report)

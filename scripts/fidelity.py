@@ -40,7 +40,8 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from plotting import pyplot, save
+from convergence import TASKS as RECIPES  # the convergence runs' recipe (lr, momentum, clip, batch)
+from results import output_dir, pyplot, save
 
 from hvd_sparse.sim import simulate
 from hvd_sparse.sim.tasks import TASKS
@@ -59,11 +60,6 @@ CURVE_METHODS = {
     "dgc": ("dgc", {}, 0.0),
     "threshold": ("threshold", {}, None),
 }
-# The training recipe, as in scripts/convergence.py: SGD momentum 0.9, cosine schedule.
-RECIPES = {
-    "digits": {"lr": 0.1, "momentum": 0.9, "clip_norm": None, "batch_size": 16},
-    "lstm": {"lr": 2.0, "momentum": 0.9, "clip_norm": 1.0, "batch_size": 16},
-}
 FULL_CURVES = {"world_size": 8, "steps": 1000,
                "configs": [("digits", 0.01), ("digits", 0.001), ("lstm", 0.01)]}
 QUICK_CURVES = {"world_size": 8, "steps": 200, "configs": [("digits", 0.01)]}
@@ -74,9 +70,9 @@ BUILDUP_METHODS = {"topk": ("topk", {}), "micro": ("micro", {}),
 FULL_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "steps": 20, "density": 0.001,
                 "task": "digits"}
 QUICK_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64], "steps": 10, "density": 0.001, "task": "digits"}
-# Part 3: ExDyna's padding waste versus model size (char-LSTM of growing width, N = 4): at the
-# same density a larger model gives every partition more entries per step, so step-to-step
-# fluctuations of the counts weigh less against the mean.
+# Part 3: ExDyna's padding waste versus model size (char-LSTM of growing width, N = 4). A larger
+# model gives every partition more entries per step (less count noise), but its load also sits in
+# a smaller share of the vector, which the sweep's one block per step is slow to follow.
 FULL_WASTE = {"world_size": 4, "steps": 600, "hidden": [128, 256, 512], "densities": [0.01, 0.001],
               "methods": ["exdyna", "exdyna-tracking", "exdyna-tracking-histogram"]}
 SMOOTH = 25   # moving-average window of the plotted curves
@@ -356,8 +352,7 @@ def judge(report: dict) -> list[dict]:
 def main() -> None:
     args = parse_args()
     torch.set_num_threads(1)
-    out_dir = args.out_dir or Path("bench/quick" if args.quick else "bench")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(args.out_dir, args.quick)
     out_json = out_dir / "fidelity.json"
     report = json.loads(out_json.read_text()) if args.resume and out_json.exists() else {}
     curve_spec = QUICK_CURVES if args.quick else FULL_CURVES

@@ -31,7 +31,7 @@ from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from plotting import pyplot
+from results import pyplot, save
 
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
@@ -89,9 +89,7 @@ def plot(report: dict, path: str) -> bool:
     ax.set_ylabel(r"$\delta^{(l)}$ = top-k error / random-k error")
     ax.set_title(f"LAGS assumption, digits CNN, {report['workers']} workers, density {report['density']}")
     ax.legend(fontsize=7)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    save(fig, path)
     return True
 
 

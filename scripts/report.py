@@ -17,6 +17,8 @@ import re
 from importlib import metadata
 from pathlib import Path
 
+from results import machine_info
+
 SECTIONS = [  # (fragment, title, the full run's command; every script's docstring has the rest)
     ("select.md", "Selection cost",
      "python scripts/bench_select.py --sizes 1e5 1e6 1e7 25e6 1e8 --world-sizes 1 2 4 8 16 "
@@ -42,64 +44,25 @@ def load(path: Path) -> dict | None:
 
 
 def machine() -> str:
-    cpu = "unknown CPU"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30
+    info = machine_info()
     versions = []
     for package in ("torch", "tensorflow-cpu", "horovod", "numpy"):
         try:   # the installed version, without importing (and initialising) the framework
             versions.append(f"{package} {metadata.version(package)}")
         except metadata.PackageNotFoundError:
             versions.append(f"{package} -")
-    return (f"{os.cpu_count()} cores ({cpu}), {memory:.1f} GiB, {platform.system()} "
-            f"{platform.release()}, Python {platform.python_version()}; " + ", ".join(versions))
-
-
-def select_targets(result: dict | None) -> list[tuple[str, str, str]]:
-    if result is None:
-        return [("ExDyna per-rank step ≤ 2.5× the floor at N = 4, 25M elements", "not run", "")]
-    rows = []
-    at = [r for r in result["sizes"] if r["world_size"] == 4 and r["n"] == 25_000_000
-          and "exdyna" in r["methods"]]
-    if at:
-        m = at[0]["methods"]["exdyna"]
-        topk = at[0]["methods"].get("topk")
-        rows.append(("ExDyna per-rank step ≤ 2.5× the floor (`a = g + e`) at N = 4, 25M elements",
-                     "met" if m["over_floor"] <= 2.5 else "not met",
-                     f"{m['over_floor']:.2f}× ({m['seconds'] * 1e3:.1f} ms vs "
-                     f"{at[0]['floor_seconds'] * 1e3:.1f} ms)"
-                     + (f"; top-k {topk['over_floor']:.1f}×" if topk else "")))
-    sweep = {r["world_size"]: r["methods"]["exdyna"] for r in result["world_sizes"]
-             if "exdyna" in r["methods"]}
-    if len(sweep) >= 2 and all("select_seconds" in m for m in sweep.values()):
-        first, last = min(sweep), max(sweep)
-        expected = first / last
-        got = sweep[last]["select_seconds"] / sweep[first]["select_seconds"]
-        rows.append((f"ExDyna's selection falls about 1/N (N = {first} → {last})",
-                     "met" if got <= 2 * expected else "not met",
-                     f"selection time × {got:.3f} (1/N: × {expected:.3f}); whole step × "
-                     f"{sweep[last]['seconds'] / sweep[first]['seconds']:.3f}"))
-    if result.get("memory_copies_per_rank") is not None:
-        copies = result["memory_copies_per_rank"]
-        rows.append(("ExDyna memory overhead ≤ 3 fp32 copies of the model per rank",
-                     "met" if copies <= 3 else "not met", f"{copies:.2f} copies"))
-    return rows
+    return (f"{info['cpus']} cores ({info['cpu_model'] or 'unknown CPU'}), {info.get('memory_gb')} GiB, "
+            f"{platform.system()} {info['kernel']}, Python {info['python']}; " + ", ".join(versions))
 
 
 def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
-    """Targets the other scripts evaluated themselves: a "targets" list in their JSON, each with
+    """Targets the scripts evaluated themselves: a "targets" list in their JSON, each with
     "target", "met" and optionally "method" (one target judged on several runs: grouped into one
     row), "verdict" (a qualified verdict) and "figure" or "measured" (the numbers behind it)."""
     rows: list[tuple[str, str, str]] = []
     grouped: dict[str, list[dict]] = {}
-    for name in ("fidelity.json", "convergence.json", "convergence-long/convergence.json", "e2e.json",
-                 "e2e-compute.json"):
+    for name in ("select.json", "fidelity.json", "convergence.json", "convergence-long/convergence.json",
+                 "e2e.json", "e2e-compute.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
             if target.get("method"):
@@ -167,17 +130,17 @@ def main() -> None:
              "Written by `scripts/report.py` from the files the benchmark scripts left in `bench/`; "
              "no figure is typed by hand. These machines are small and shared: results are ratios "
              "measured side by side in one run, medians over repeats. Where a result is bad for "
-             "hvd_sparse it is shown as it is.", "",
+             "hvd_sparse it is shown as it is. `make bench` runs every script's `--quick` version "
+             "into bench/quick/.", "",
              f"Machine of this report: {machine()}.", "", "## Targets", "",
              "| target | verdict | figure |", "|---|---|---|"]
-    rows = select_targets(load(bench / "select.json")) + collected_targets(bench)
+    rows = collected_targets(bench)
     for target, verdict, figure in rows:
         lines.append(f"| {target} | {verdict} | {figure} |")
     lines.append("")
     lines += cause_notes(rows)
     for number, (fragment, title, command) in enumerate(SECTIONS, start=1):
-        lines += [f"## {number}. {title}", "", f"Command (with `OMP_NUM_THREADS=1`): `{command}`; "
-                  "`--quick` gives the short version `make bench` runs.", ""]
+        lines += [f"## {number}. {title}", "", f"Command (with `OMP_NUM_THREADS=1`): `{command}`", ""]
         path = bench / fragment
         prefix = Path(os.path.relpath(path.parent, Path(args.out).resolve().parent)).as_posix()
         text = relink_images(path.read_text().strip(), prefix) if path.exists() else None

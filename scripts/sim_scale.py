@@ -31,6 +31,8 @@ import torch
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+from results import machine_info, output_dir  # noqa: E402
+
 from hvd_sparse.sim.tasks import TASKS  # noqa: E402
 
 MODELS = ("digits", "digits-mlp", "lstm")
@@ -67,26 +69,26 @@ def run_isolated(argv: list[str], out: Path) -> tuple[dict, float, int]:
     return json.loads(out.read_text()), time.perf_counter() - started, usage.ru_maxrss * 1024
 
 
-def per_rank_k(model: str, density: float) -> int:
+def per_rank_k(tensor_sizes: list[int], density: float) -> int:
     """Top-k's per-rank count (tensor scope: at least one per tensor)."""
-    return sum(max(1, int(density * p.numel())) for p in TASKS[model]().model.parameters())
+    return sum(max(1, int(density * numel)) for numel in tensor_sizes)
 
 
 def main() -> None:
     args = parse_args()
     spec = QUICK if args.quick else FULL
-    out_dir = args.out_dir or Path("bench/quick" if args.quick else "bench")
-    out_dir.mkdir(parents=True, exist_ok=True)
+    out_dir = output_dir(args.out_dir, args.quick)
     rows = []
     with tempfile.TemporaryDirectory() as scratch:
         for model in MODELS:
-            numel = sum(p.numel() for p in TASKS[model]().model.parameters())
+            tensor_sizes = [p.numel() for p in TASKS[model]().model.parameters()]
+            numel = sum(tensor_sizes)
             for size in spec["sizes"]:
                 for method, density, options in CONFIGS:
                     row = {"model": model, "parameters": numel, "world_size": size, "method": method,
                            "density": density, "options": options}
                     if method == "topk":
-                        gathered = 8.0 * size * size * per_rank_k(model, density)
+                        gathered = 8.0 * size * size * per_rank_k(tensor_sizes, density)
                         row["predicted_gather_gib"] = gathered / 2**30
                         if gathered / 2**30 > args.max_gather_gib:
                             row["skipped"] = f"predicted {gathered / 2**30:.1f} GiB of gathered copies"
@@ -104,9 +106,9 @@ def main() -> None:
                     rows.append(row)
                     print(f"{model} N={size} {method} ρ={density}: {row['seconds_per_step']:.2f} s/step, "
                           f"peak {row['peak_rss_gib']:.2f} GiB", flush=True)
-    report = {"config": {"quick": args.quick, **spec, "cpus": os.cpu_count(),
-                         "memory_gib": os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30,
-                         "torch": torch.__version__, "threads": 1},
+    machine = machine_info()
+    report = {"config": {"quick": args.quick, **spec, "cpus": machine["cpus"],
+                         "memory_gib": machine.get("memory_gb"), "torch": torch.__version__, "threads": 1},
               "rows": rows}
     (out_dir / "sim_scale.json").write_text(json.dumps(report, indent=1))
     lines = [f"### Simulator scale ({'quick' if args.quick else 'full'} run: {spec['steps']} steps per "

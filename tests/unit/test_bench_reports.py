@@ -95,3 +95,21 @@ def test_report_groups_targets_and_explains_misses(tmp_path):
     assert "Padding waste" in notes and "End to end" in notes and "Perplexity" not in notes
     assert report.relink_images("![p](x.png) ![q](http://h/y.png)", "bench") == \
         "![p](bench/x.png) ![q](http://h/y.png)"
+
+
+def test_selection_targets_are_judged_by_the_benchmark_itself():
+    import bench_select
+
+    def row(n, size, exdyna, select, topk=None):
+        methods = {"exdyna": {"seconds": exdyna, "select_seconds": select, "over_floor": exdyna / 0.01}}
+        if topk:
+            methods["topk"] = {"seconds": topk, "over_floor": topk / 0.01}
+        return {"n": n, "world_size": size, "floor_seconds": 0.01, "methods": methods}
+
+    result = {"sizes": [row(25_000_000, 4, 0.02, 0.005, topk=0.3)],
+              "world_sizes": [row(10**8, 1, 0.2, 0.16), row(10**8, 8, 0.05, 0.045)],
+              "memory_copies_per_rank": 3.5}
+    met = {t["target"].split()[1]: t["met"] for t in bench_select.judge(result)}
+    assert met == {"per-rank": True, "selection": False, "memory": False}   # 0.28 > 2 x 1/8
+    result["world_sizes"][1] = row(10**8, 8, 0.05, 0.02)
+    assert [t["met"] for t in bench_select.judge(result)][1]
