@@ -1,6 +1,23 @@
-"""hvd_sparse: gradient sparsification for Horovod (PyTorch and TensorFlow)."""
+"""hvd_sparse: gradient sparsification for Horovod (PyTorch and TensorFlow).
 
-from setuptools import find_packages, setup
+The top-level ``kernels/`` folder installs as the subpackage ``hvd_sparse.kernels``; every
+``kernels/cpu/*.cpp`` is compiled into one shared library inside it (plain C ABI, loaded with
+ctypes: no Python or torch headers, so it is not tied to the torch ABI). A compiler error fails
+the install. Flags: -O3, strict IEEE floating point (the kernels must match the reference path bit
+for bit), and no -march=native (the library must run on any x86-64 / aarch64 machine).
+"""
+
+from glob import glob
+
+from setuptools import Extension, find_packages, setup
+
+native = Extension(
+    "hvd_sparse.kernels.cpu._native",
+    sources=sorted(glob("kernels/cpu/*.cpp")),
+    depends=sorted(glob("kernels/cpu/*.h")),
+    language="c++",
+    extra_compile_args=["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno"],
+)
 
 setup(
     name="hvd_sparse",
@@ -8,7 +25,10 @@ setup(
     description="Gradient sparsification (ExDyna, DEFT, LAGS-SGD, MiCRO, top-k, ...) for Horovod",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["hvd_sparse", "hvd_sparse.*"]),
+    packages=find_packages(include=["hvd_sparse", "hvd_sparse.*"])
+    + ["hvd_sparse.kernels"] + [f"hvd_sparse.kernels.{p}" for p in find_packages("kernels")],
+    package_dir={"hvd_sparse.kernels": "kernels"},
+    ext_modules=[native],
     python_requires=">=3.10",
     install_requires=["numpy"],
     # No framework is pinned here: constraints.txt holds the tested versions.

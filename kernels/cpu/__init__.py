@@ -1,0 +1,14 @@
+"""CPU kernels (C++ through ctypes, one thread): the op module ``ops_for`` returns for CPU tensors.
+
+Importing it loads the native library; when that fails it raises ``KernelUnavailable`` and the
+loader (hvd_sparse.kernels) falls back to the reference path with a warning. Each op returns
+None for arguments it has no kernel for (the caller then runs the reference ops).
+"""
+
+from ._library import library
+
+library()   # fail here, at import, when the library cannot be used
+
+from .accumulate import accumulate, accumulate_select, all_finite  # noqa: E402
+
+__all__ = ["accumulate", "accumulate_select", "all_finite"]

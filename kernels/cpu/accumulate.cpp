@@ -1,0 +1,243 @@
+// Error-feedback accumulation and the fused accumulate-and-select of the threshold methods.
+//
+// Semantics are those of the torch reference path, bit for bit:
+//   residual[i] = residual[i] + x[i]: x converted exactly to the wider of the two float types,
+//   one IEEE add there, rounded to the residual's type (torch's in-place add with a promoted
+//   input); the selection |a_i| >= T in the residual's type (T already rounded to it by the
+//   caller, as NumPy and torch compare an array with a Python float); NaN never passes.
+// One thread; plain loops over fixed-size chunks that the compiler vectorizes. Build flags keep
+// floating point strict (no -ffast-math, no FMA contraction), so results match the reference.
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+
+namespace {
+
+enum Dtype : int { F16 = 0, BF16 = 1, F32 = 2, F64 = 3 };
+
+constexpr int64_t CHUNK = 1024;      // elements accumulated before they are scanned (L1-resident)
+constexpr int64_t GROUP = 64;        // elements counted at once before a scalar scan for indices
+constexpr int MAX_PROBES = 8;
+
+inline uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
+inline float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
+
+// IEEE half -> float, exact for every value (normal, subnormal, zero, Inf, NaN with its payload),
+// branch-free so that it vectorizes.
+inline float half_to_float(uint16_t h) {
+    const uint32_t shifted_exp = 0x7c00u << 13;
+    uint32_t o = (uint32_t(h) & 0x7fffu) << 13;
+    const uint32_t exp = shifted_exp & o;
+    o += (127u - 15u) << 23;
+    const uint32_t inf_nan = o + ((128u - 16u) << 23);
+    const float sub = bits_float(o + (1u << 23)) - bits_float(113u << 23);
+    uint32_t result = exp == shifted_exp ? inf_nan : o;
+    result = exp == 0 ? float_bits(sub) : result;
+    return bits_float(result | ((uint32_t(h) & 0x8000u) << 16));
+}
+
+inline float bf16_to_float(uint16_t b) { return bits_float(uint32_t(b) << 16); }
+
+struct Half { uint16_t bits; };
+struct BFloat { uint16_t bits; };
+
+inline float widen(Half x) { return half_to_float(x.bits); }
+inline float widen(BFloat x) { return bf16_to_float(x.bits); }
+inline float widen(float x) { return x; }
+inline double widen(double x) { return x; }
+
+// The type the add is computed in: the residual's, or double for a double input into a float
+// residual (torch promotes, adds, and rounds on the store).
+template <typename R, typename X> struct Compute { using type = R; };
+template <> struct Compute<float, double> { using type = double; };
+
+template <typename R, typename X>
+inline void add_chunk(R* __restrict r, X* __restrict x, int64_t n, bool clear) {
+    using C = typename Compute<R, X>::type;
+    for (int64_t i = 0; i < n; ++i) r[i] = R(C(r[i]) + C(widen(x[i])));
+    if (clear) std::memset(static_cast<void*>(x), 0, sizeof(X) * n);
+}
+
+// Indices i (absolute: base + offset in the chunk) with |r[i]| >= t, appended to out.
+template <typename R, typename I>
+inline int64_t select_chunk(const R* __restrict r, int64_t n, R t, int64_t base, I* __restrict out) {
+    int64_t m = 0;
+    for (int64_t g = 0; g < n; g += GROUP) {
+        const int64_t end = g + GROUP < n ? g + GROUP : n;
+        int hits = 0;
+        for (int64_t i = g; i < end; ++i) hits += std::fabs(r[i]) >= t;
+        if (hits == 0) continue;
+        for (int64_t i = g; i < end; ++i)
+            if (std::fabs(r[i]) >= t) out[m++] = I(base + i);
+    }
+    return m;
+}
+
+template <typename R>
+inline void count_chunk(const R* __restrict r, int64_t n, const R* probes, int num_probes,
+                        int64_t* counts) {
+    for (int p = 0; p < num_probes; ++p) {
+        const R t = probes[p];
+        int64_t c = 0;
+        for (int64_t i = 0; i < n; ++i) c += std::fabs(r[i]) >= t;
+        counts[p] += c;
+    }
+}
+
+// What the caller asks of the own range [lo, hi); lo == hi: plain accumulation.
+template <typename R, typename I>
+struct Selection {
+    int64_t lo = 0, hi = 0;
+    R threshold = 0;
+    I* out = nullptr;
+    int64_t selected = 0;
+    // Probe counts over sampled rows: row r of length row_len, r = 0, every, 2*every, ... below
+    // sample_end (relative to lo); row_len == 0 counts the whole range.
+    int num_probes = 0;
+    R probes[MAX_PROBES] = {};
+    int64_t counts[MAX_PROBES] = {};
+    int64_t row_len = 0, every = 1, sample_end = 0;
+
+    // Whether [a, b) (relative to lo, inside one row) is sampled, and where that row ends.
+    bool sampled(int64_t a, int64_t* row_end) const {
+        if (row_len == 0) { *row_end = hi - lo; return true; }
+        if (a >= sample_end) { *row_end = hi - lo; return false; }
+        const int64_t row = a / row_len;
+        *row_end = (row + 1) * row_len;
+        return row % every == 0;
+    }
+};
+
+// One pass over one input tensor occupying [offset, offset + n) of the residual.
+template <typename R, typename X, typename I>
+void accumulate_segment(R* residual, X* x, int64_t offset, int64_t n, bool clear, Selection<R, I>& s) {
+    int64_t i = 0;
+    while (i < n) {
+        const int64_t at = offset + i;
+        int64_t end = n;                                    // this piece: [i, end)
+        const bool inside = at >= s.lo && at < s.hi;
+        bool counted = false;
+        if (inside) {
+            int64_t row_end = s.hi - s.lo;
+            if (s.num_probes > 0) {
+                counted = s.sampled(at - s.lo, &row_end);
+                end = std::min<int64_t>(end, s.lo + row_end - offset);
+            }
+            end = std::min<int64_t>(end, s.hi - offset);
+        } else if (at < s.lo && s.lo < offset + n) {
+            end = s.lo - offset;
+        }
+        end = std::min<int64_t>(end, i + CHUNK);
+        const int64_t len = end - i;
+        add_chunk(residual + at, x + i, len, clear);
+        if (inside) {
+            s.selected += select_chunk(residual + at, len, s.threshold, at, s.out + s.selected);
+            if (counted) count_chunk(residual + at, len, s.probes, s.num_probes, s.counts);
+        }
+        i = end;
+    }
+}
+
+template <typename R, typename I>
+void accumulate_all(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
+                    int num_inputs, bool clear, Selection<R, I>& s) {
+    R* r = static_cast<R*>(residual);
+    int64_t offset = 0;
+    for (int k = 0; k < num_inputs; ++k) {
+        void* x = const_cast<void*>(inputs[k]);
+        switch (dtypes[k]) {
+            case F16: accumulate_segment(r, static_cast<Half*>(x), offset, sizes[k], clear, s); break;
+            case BF16: accumulate_segment(r, static_cast<BFloat*>(x), offset, sizes[k], clear, s); break;
+            case F32: accumulate_segment(r, static_cast<float*>(x), offset, sizes[k], clear, s); break;
+            default: accumulate_segment(r, static_cast<double*>(x), offset, sizes[k], clear, s); break;
+        }
+        offset += sizes[k];
+    }
+}
+
+template <typename R, typename I>
+int64_t run(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
+            int num_inputs, int clear, int64_t lo, int64_t hi, double threshold, void* out,
+            const double* probes, int num_probes, int64_t row_len, int64_t every, int64_t sample_end,
+            int64_t* counts) {
+    Selection<R, I> s;
+    s.lo = lo; s.hi = hi; s.threshold = R(threshold); s.out = static_cast<I*>(out);
+    s.num_probes = num_probes;
+    for (int p = 0; p < num_probes; ++p) s.probes[p] = R(probes[p]);
+    s.row_len = row_len; s.every = every; s.sample_end = sample_end;
+    accumulate_all(residual, inputs, dtypes, sizes, num_inputs, clear != 0, s);
+    for (int p = 0; p < num_probes; ++p) counts[p] = s.counts[p];
+    return s.selected;
+}
+
+template <typename X>
+bool finite(const X* x, int64_t n, uint32_t mask) {
+    // A float is finite unless its exponent bits are all set.
+    for (int64_t g = 0; g < n; g += 4096) {
+        const int64_t end = g + 4096 < n ? g + 4096 : n;
+        int bad = 0;
+        for (int64_t i = g; i < end; ++i) bad |= (x[i] & mask) == mask;
+        if (bad) return false;
+    }
+    return true;
+}
+
+}  // namespace
+
+extern "C" {
+
+// 1 when no entry of the n values at data (dtype code) is NaN or Inf.
+int hvd_sparse_all_finite(const void* data, int64_t n, int dtype) {
+    switch (dtype) {
+        case F16: return finite(static_cast<const uint16_t*>(data), n, 0x7c00u);
+        case BF16: return finite(static_cast<const uint16_t*>(data), n, 0x7f80u);
+        case F32: return finite(static_cast<const uint32_t*>(data), n, 0x7f800000u);
+        case F64: {
+            const uint64_t* x = static_cast<const uint64_t*>(data);
+            const uint64_t mask = 0x7ff0000000000000ull;
+            for (int64_t g = 0; g < n; g += 4096) {
+                const int64_t end = g + 4096 < n ? g + 4096 : n;
+                int bad = 0;
+                for (int64_t i = g; i < end; ++i) bad |= (x[i] & mask) == mask;
+                if (bad) return 0;
+            }
+            return 1;
+        }
+        default: return -1;
+    }
+}
+
+// residual (residual_dtype F32 or F64, contiguous) += the inputs in order (each contiguous, of
+// dtypes[k] and sizes[k] elements), zeroing each input when clear != 0. Inside [lo, hi) writes
+// the indices with |a| >= threshold to out (index_bits 32 or 64; room for hi - lo) and returns
+// their count; counts[p] = entries of the sampled rows with |a| >= probes[p]. Returns -1 for an
+// unsupported dtype.
+int64_t hvd_sparse_accumulate_select(void* residual, int residual_dtype, const void* const* inputs,
+                                     const int* dtypes, const int64_t* sizes, int num_inputs,
+                                     int clear, int64_t lo, int64_t hi, double threshold, void* out,
+                                     int index_bits, const double* probes, int num_probes,
+                                     int64_t row_len, int64_t every, int64_t sample_end,
+                                     int64_t* counts) {
+    if (num_probes > MAX_PROBES || num_probes < 0) return -1;
+    for (int k = 0; k < num_inputs; ++k)
+        if (dtypes[k] < F16 || dtypes[k] > F64) return -1;
+    const bool wide = index_bits == 64;
+    if (residual_dtype == F32)
+        return wide ? run<float, int64_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
+                                          threshold, out, probes, num_probes, row_len, every,
+                                          sample_end, counts)
+                    : run<float, int32_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
+                                          threshold, out, probes, num_probes, row_len, every,
+                                          sample_end, counts);
+    if (residual_dtype == F64)
+        return wide ? run<double, int64_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
+                                           threshold, out, probes, num_probes, row_len, every,
+                                           sample_end, counts)
+                    : run<double, int32_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
+                                           threshold, out, probes, num_probes, row_len, every,
+                                           sample_end, counts);
+    return -1;
+}
+
+}  // extern "C"
