@@ -339,7 +339,7 @@ class DEFT(Algorithm):
         parts = []
         for unit in bins[owned_bin(ctx.rank, master, n_ranks)]:
             start, size = table.starts[unit], table.sizes[unit]
-            parts.append(b.topk_indices(b.abs(b.slice(acc, start, start + size)), k_units[unit]) + start)
+            parts.append(b.topk_abs_indices(b.slice(acc, start, start + size), k_units[unit]) + start)
         return b.concat(parts) if parts else b.arange(0, 0, like=acc)
 
     def _record_assignment(self, control: DeftControl, ctx: StepContext, master: int,

@@ -231,7 +231,7 @@ class DGC(Algorithm):
             else:
                 where = rng.integers(0, ctx.numel, plan.num_samples, dtype=np.int64)
             samples = b.take(importance, b.from_numpy(where, like=acc))
-        top = b.take(samples, b.topk_indices(samples, plan.top_samples))
+        top = b.take(samples, b.topk_abs_indices(samples, plan.top_samples))
         threshold = float(np.min(b.to_numpy(top)))
         idx = b.indices_where_at_least(importance, threshold)
         count = b.numel(idx)
@@ -241,7 +241,7 @@ class DGC(Algorithm):
                     if count <= self.upper * plan.k:
                         break
                     if self.resample:
-                        idx = b.take(idx, b.topk_indices(b.take(importance, idx), plan.k))
+                        idx = b.take(idx, b.topk_abs_indices(b.take(importance, idx), plan.k))
                         break
                     threshold *= self.upper
                 elif count < self.lower * plan.k:

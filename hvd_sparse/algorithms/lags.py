@@ -232,7 +232,7 @@ class LAGS(Algorithm):
 
     def select_local(self, acc: Any, control: LagsControl, ctx: StepContext) -> Any:
         b = ctx.backend
-        return b.topk_indices(b.abs(acc), group_k(control.density, ctx.numel))
+        return b.topk_abs_indices(acc, group_k(control.density, ctx.numel))
 
     # --- control: the adaptive density ----------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> LagsControl:

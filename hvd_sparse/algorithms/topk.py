@@ -40,4 +40,4 @@ class TopK(Algorithm):
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
         b = ctx.backend
-        return b.topk_indices(b.abs(acc), self.k(ctx.numel))
+        return b.topk_abs_indices(acc, self.k(ctx.numel))

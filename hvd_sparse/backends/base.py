@@ -98,8 +98,13 @@ class Backend:
         raise NotImplementedError
 
     # --- selection and scatter -------------------------------------------------------------------
-    def topk_indices(self, x: Array, k: int) -> Array:
-        """Indices (int64, any order) of the k largest entries of x; k <= numel(x)."""
+    def topk_abs_indices(self, x: Array, k: int) -> Array:
+        """The k entries of x of largest magnitude, as ascending int64 indices; 0 <= k <= numel(x).
+
+        One rule on every backend and kernel, so every rank and framework selects the same set:
+        magnitudes are ordered as |x| with -0 == +0 and every NaN equal to every other NaN and
+        above +Inf (``magnitude_keys``); of the entries tied at the k-th largest magnitude, those
+        of the lowest indices are taken."""
         raise NotImplementedError
 
     def indices_where_at_least(self, x: Array, threshold: float, offset: int = 0) -> Array:
@@ -180,3 +185,15 @@ def sample_shape(length: int, every: int) -> tuple[int, int] | None:
 def index_dtype_for(n: int) -> str:
     """int32 indices while they fit (half the bytes on the wire), int64 beyond 2**31."""
     return "int32" if n < 2**31 else "int64"
+# Integer keys ordered as the magnitudes of a float dtype: its bits read as a signed integer of
+# the same width with the sign bit cleared (so -0 == +0 and non-negative keys compare like |x|),
+# capped at the key just above +Inf so that every NaN has that one key. Name: (integer dtype,
+# mask, NaN key).
+MAGNITUDE_KEYS = {
+    "float16": ("int16", 0x7FFF, 0x7C01),
+    "bfloat16": ("int16", 0x7FFF, 0x7F81),
+    "float32": ("int32", 0x7FFF_FFFF, 0x7F80_0001),
+    "float64": ("int64", 0x7FFF_FFFF_FFFF_FFFF, 0x7FF0_0000_0000_0001),
+}
+
+

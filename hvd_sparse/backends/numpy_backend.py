@@ -6,7 +6,7 @@ import math
 
 import numpy as np
 
-from .base import Backend, sample_shape
+from .base import MAGNITUDE_KEYS, Backend, sample_shape
 
 
 class NumpyBackend(Backend):
@@ -79,10 +79,17 @@ class NumpyBackend(Backend):
     def tensors_finite(self, tensors):
         return math.isfinite(sum(float(np.sum(t, dtype=np.float64)) for t in tensors))
 
-    def topk_indices(self, x, k):
+    def topk_abs_indices(self, x, k):
+        x = np.asarray(x).reshape(-1)
         if k >= x.size:
             return np.arange(x.size, dtype=np.int64)
-        return np.argpartition(x, x.size - k)[x.size - k:].astype(np.int64)
+        if k <= 0:
+            return np.zeros(0, dtype=np.int64)
+        keys = magnitude_keys(x)
+        kth = np.partition(keys, x.size - k)[x.size - k]   # the k-th largest key
+        above = np.flatnonzero(keys > kth)
+        tied = np.flatnonzero(keys == kth)[: k - above.size]   # ties: the lowest indices
+        return np.sort(np.concatenate([above, tied])).astype(np.int64)
 
     def indices_where_at_least(self, x, threshold, offset=0):
         idx = np.flatnonzero(x >= threshold)
@@ -143,3 +150,9 @@ class NumpyBackend(Backend):
             flat[:] = 0
             flat[idx[lo:hi] - offset] = values[lo:hi]
         return list(tensors)
+
+
+def magnitude_keys(x: np.ndarray) -> np.ndarray:
+    """Integer keys ordered as the magnitudes of x (see base.MAGNITUDE_KEYS)."""
+    int_dtype, mask, nan_key = MAGNITUDE_KEYS[x.dtype.name]
+    return np.minimum(x.view(int_dtype) & np.array(mask, dtype=int_dtype), np.array(nan_key, dtype=int_dtype))

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from .base import Backend, sample_shape
+from .base import MAGNITUDE_KEYS, Backend, sample_shape
 
 
 class TensorFlowBackend(Backend):
@@ -78,10 +78,24 @@ class TensorFlowBackend(Backend):
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
         return bool(tf.math.is_finite(total))
 
-    def topk_indices(self, x, k):
+    def topk_abs_indices(self, x, k):
+        x = tf.reshape(x, [-1])
         if k >= int(tf.size(x)):
             return tf.range(tf.size(x, out_type=tf.int64), dtype=tf.int64)
-        return tf.cast(tf.math.top_k(x, k, sorted=False).indices, tf.int64)
+        if k <= 0:
+            return tf.zeros([0], dtype=tf.int64)
+        int_dtype, mask, nan_key = MAGNITUDE_KEYS[x.dtype.name]
+        keys = tf.minimum(tf.bitwise.bitwise_and(tf.bitcast(x, int_dtype), tf.constant(mask, int_dtype)),
+                          tf.constant(nan_key, int_dtype))
+        if int_dtype == "int16":   # top_k has no int16 kernel; int32 keeps the order
+            keys = tf.cast(keys, tf.int32)
+        kth = tf.math.top_k(keys, k, sorted=True).values[k - 1]   # the k-th largest key
+        candidates = tf.reshape(tf.where(keys >= kth), [-1])       # ascending
+        chosen = tf.gather(keys, candidates)
+        tied = chosen == kth
+        need = k - int(tf.math.count_nonzero(chosen > kth))
+        keep = tf.logical_or(~tied, tf.cumsum(tf.cast(tied, tf.int64)) <= need)   # ties: lowest indices
+        return tf.boolean_mask(candidates, keep)
 
     def indices_where_at_least(self, x, threshold, offset=0):
         idx = tf.reshape(tf.where(x >= tf.constant(threshold, dtype=x.dtype)), [-1])

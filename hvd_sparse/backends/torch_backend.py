@@ -5,7 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-from .base import Backend, sample_shape
+from .. import kernels
+from .base import MAGNITUDE_KEYS, Backend, sample_shape
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -96,10 +97,23 @@ class TorchBackend(Backend):
         total = torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum()
         return bool(torch.isfinite(total))
 
-    def topk_indices(self, x, k):
+    def topk_abs_indices(self, x, k):
+        x = x.reshape(-1)
+        ops = kernels.ops_for(x)
+        idx = None if ops is None else ops.topk_abs(x, k, torch.int64)
+        if idx is not None:
+            return idx
         if k >= x.numel():
             return torch.arange(x.numel(), device=x.device)
-        return torch.topk(x, k, sorted=False).indices
+        if k <= 0:
+            return torch.zeros(0, dtype=torch.int64, device=x.device)
+        keys = magnitude_keys(x)
+        kth = keys.kthvalue(x.numel() - k + 1).values       # the k-th largest key
+        candidates = torch.nonzero(keys >= kth).reshape(-1)  # ascending
+        chosen = keys[candidates]
+        tied = chosen == kth
+        need = k - int((chosen > kth).sum())
+        return candidates[~tied | (torch.cumsum(tied, 0) <= need)]   # ties: the lowest indices
 
     def indices_where_at_least(self, x, threshold, offset=0):
         if x.device.type == "cpu":   # NumPy's SIMD compare and flatnonzero are ~4x faster here
@@ -172,6 +186,12 @@ class TorchBackend(Backend):
             if hi > lo:
                 flat.index_put_((idx[lo:hi] - offset,), values[lo:hi].to(t.dtype))
         return list(tensors)
+
+def magnitude_keys(x: torch.Tensor) -> torch.Tensor:
+    """Integer keys ordered as the magnitudes of x (see base.MAGNITUDE_KEYS)."""
+    int_dtype, mask, nan_key = MAGNITUDE_KEYS[_NAMES[x.dtype]]
+    return (x.view(_DTYPES[int_dtype]) & mask).clamp_(max=nan_key)
+
 
 def _ordered_index_add(out: torch.Tensor, idx: torch.Tensor, values: torch.Tensor) -> torch.Tensor:
     """``out.index_add_(0, idx, values)`` with duplicate indices summed in their order in ``idx``.

@@ -10,5 +10,6 @@ from ._library import library
 library()   # fail here, at import, when the library cannot be used
 
 from .accumulate import accumulate, accumulate_select, all_finite  # noqa: E402
+from .topk import topk_abs  # noqa: E402
 
-__all__ = ["accumulate", "accumulate_select", "all_finite"]
+__all__ = ["accumulate", "accumulate_select", "all_finite", "topk_abs"]
