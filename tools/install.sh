@@ -33,11 +33,33 @@ stack_key() {
     cat "$repo/tools/install.sh" "$repo/constraints.txt" "$repo/setup.py" | sha256sum | cut -c1-16
 }
 
+# The native kernel library (kernels/cpu/*.cpp, built in place by the editable install): a change
+# to a source, or a missing library, rebuilds it alone (seconds).
+kernels_stamp="$venv/.hvd_sparse_kernels"
+kernels_key() {
+    cat "$repo/setup.py" "$repo"/kernels/cpu/*.cpp $(ls "$repo"/kernels/cpu/*.h 2>/dev/null) | sha256sum | cut -c1-16
+}
+kernels_built() {
+    [ -f "$kernels_stamp" ] && [ "$(cat "$kernels_stamp")" = "$(kernels_key)" ] \
+        && ls "$repo"/kernels/cpu/_native*.so >/dev/null 2>&1
+}
+install_package() {  # editable: compiles the kernels in place; a compiler error fails the install
+    if ! pip_quiet "$venv/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
+            --no-build-isolation -e "$repo"; then
+        die "installing hvd_sparse failed: the kernels did not compile (compiler output above)"
+    fi
+    kernels_key >"$kernels_stamp"
+}
+
 if [ "${1:-}" = "--force" ]; then
     log "removing $venv"
     rm -rf "$venv"
 fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stack_key)" ] && [ -x "$venv/bin/horovodrun" ]; then
+    if ! kernels_built; then
+        log "building the kernels (kernels/cpu changed)"
+        install_package
+    fi
     log "stack already installed in .venv (tools/install.sh --force rebuilds it)"
     exit 0
 fi
@@ -131,8 +153,8 @@ if ! "$venv/bin/python" -c "import horovod, sys; sys.exit(horovod.__version__ !=
     "${pip[@]}" install --no-deps --force-reinstall "$wheel_dir"/horovod-*.whl
 fi
 
-# --- this package, editable -----------------------------------------------------------------------
-"${pip[@]}" install --no-deps --no-build-isolation -e "$repo"
+# --- this package, editable, with its native kernels --------------------------------------------
+install_package
 
 # --- check: every framework and controller is built in --------------------------------------------
 check=$("$venv/bin/horovodrun" --check-build 2>/dev/null)

@@ -7,6 +7,10 @@ checkpoints -- so a method module says only what is specific to it:
 * ``select_local(acc, control, ctx)``: the indices this rank sends, from its accumulated vector
   (gradient + residual), using backend ops for bulk work. A method whose selection needs a
   collective (e.g. an assignment broadcast by a master) overrides the generator ``select``.
+* ``prepare(control, ctx)`` (optional): a protocol run at the start of each step, before any
+  gradient is read, for decisions that fix the step's selection domain (ExDyna's rebalancing).
+* ``accumulate_select`` (optional): accumulation and a threshold selection as one backend op,
+  which a kernel runs in a single pass over the bucket (MiCRO, ExDyna, the hard threshold).
 * ``init_control`` / ``observe``: host-side control state (thresholds, partitions, k) and its
   update from what the step exchanged. These are small pure computations on NumPy/Python data
   that every rank performs identically, so ranks agree without extra messages.
@@ -122,6 +126,21 @@ class Algorithm:
         buffer. Methods that transform the gradient first (DGC's momentum correction, clipping)
         override this; whatever is not sent of the returned vector becomes the next residual."""
         return ctx.backend.accumulate(residual, tensors)
+
+    def accumulate_select(self, residual: Any, tensors: list, control: Any, ctx: StepContext,
+                          clear_inputs: bool) -> tuple[Any, Any] | None:
+        """(accumulated vector, this rank's indices) from one backend op, for a method whose
+        selection is a threshold on the accumulated vector and needs no collective; the inputs are
+        cleared in the same pass with ``clear_inputs``. Default None: the engine calls
+        ``accumulate`` and then ``select``."""
+        return None
+
+    def prepare(self, control: Any, ctx: StepContext) -> Protocol:
+        """Protocol run at the start of every step, before the gradient is read (so that the
+        selection can run in the accumulating pass): decisions that fix this step's selection
+        domain, such as ExDyna's partition boundaries. It may issue named collectives -- the same
+        on every rank. Default: nothing."""
+        return finished(None)
 
     def target_k(self, control: Any, ctx: StepContext) -> int:
         """The count this bucket aims to send this step (the ``k`` statistic)."""

@@ -37,7 +37,6 @@ Named options (off in paper mode):
 from __future__ import annotations
 
 from fractions import Fraction
-from typing import Any
 
 import numpy as np
 
@@ -234,8 +233,13 @@ class ExDyna(MiCRO):
         last = owned_partition(ctx.rank, ctx.step, ctx.size) == ctx.size - 1
         return first * block, ctx.numel if last else (first + blocks) * block
 
-    def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
+    def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
+        """Move the boundaries from the previous step's loads: the replicated sweep, the histogram
+        placement, or the neighbour exchange (the one mode with collectives of its own)."""
         layout = control.layout
+        if self.rebalance == "neighbour":
+            yield from self._neighbour_rebalance(control, ctx)
+            return
         if self.rebalance == "histogram":
             if "block_loads" not in layout:   # nothing observed yet
                 return
@@ -272,12 +276,7 @@ class ExDyna(MiCRO):
         starts = np.concatenate([[0], np.cumsum(layout["blocks"])[:-1]])
         return np.add.reduceat(counts, starts)
 
-    # --- neighbour mode: the exchange runs inside the step's protocol --------------------------------
-    def select(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Protocol:
-        if self.rebalance == "neighbour" and ctx.step > 0 and control.union_prev is not None:
-            yield from self._neighbour_rebalance(control, ctx)
-        return self.select_local(acc, control, ctx)
-
+    # --- neighbour mode: the exchange runs inside the step's protocol, before the selection -------
     def _neighbour_rebalance(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
         """Decide the boundaries of the partition this rank owned at t-1 with its neighbours'
         counts, hand the new range to rank r-1 (its owner at t) and take partition p+1's from

@@ -33,6 +33,8 @@ from typing import Any
 
 import numpy as np
 
+from ..backends import index_dtype_for
+from ..comm import Protocol, finished
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
 
 THRESHOLDS = ("paper", "tracking")
@@ -155,8 +157,10 @@ class MiCRO(Algorithm):
     def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray:
         return equal_chunks(ctx.numel, ctx.size)
 
-    def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
-        """Move partition boundaries before the step (ExDyna); MiCRO's are fixed."""
+    def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
+        """Move partition boundaries before the step from what earlier steps observed (ExDyna);
+        MiCRO's are fixed."""
+        return finished(None)
 
     def own_range(self, control: ExclusiveControl, ctx: StepContext) -> tuple[int, int]:
         p = owned_partition(ctx.rank, ctx.step, ctx.size)
@@ -169,22 +173,41 @@ class MiCRO(Algorithm):
         control.bounds = self.initial_bounds(control, ctx)
         return control
 
-    def select_local(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Any:
+    def prepare(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
+        """Rebalance (once something has been observed), then fix this step's own range and
+        threshold, before the gradient is read."""
         if ctx.step > 0 and control.union_prev is not None:
-            self.rebalance_partitions(control, ctx)
-        b = ctx.backend
-        lo, hi = self.own_range(control, ctx)
-        control.own = (lo, hi)
+            yield from self.rebalance_partitions(control, ctx)
+        control.own = self.own_range(control, ctx)
         control.used_threshold = control.threshold
-        magnitude = b.abs(b.slice(acc, lo, hi))
+
+    def probes(self, control: ExclusiveControl, ctx: StepContext) -> tuple[list[float], int]:
+        """Thresholds the tracking controller counts at, and the sampling (``count_at_least``)."""
+        if self.threshold != "tracking":
+            return [], 1
+        # The probes only feed a slope estimate: from 1/8 of the partition once the expected
+        # local count is large enough for the sample to hold hundreds of entries.
+        every = TRACKING_SAMPLE if control.k >= 1024 * ctx.size else 1
+        return [control.threshold / TRACKING_PROBE, control.threshold * TRACKING_PROBE], every
+
+    def select_local(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Any:
+        probes, every = self.probes(control, ctx)
+        idx, counts = ctx.backend.select_at_least(acc, *control.own, control.used_threshold, probes, every)
+        self._keep_probes(control, counts, ctx)
+        return idx
+
+    def accumulate_select(self, residual: Any, tensors: list, control: ExclusiveControl, ctx: StepContext,
+                          clear_inputs: bool) -> tuple[Any, Any]:
+        probes, every = self.probes(control, ctx)
+        acc, idx, counts = ctx.backend.accumulate_select(
+            residual, tensors, *control.own, control.used_threshold, probes, every,
+            index_dtype_for(ctx.numel), clear_inputs)
+        self._keep_probes(control, counts, ctx)
+        return acc, idx
+
+    def _keep_probes(self, control: ExclusiveControl, counts: list[float], ctx: StepContext) -> None:
         if self.threshold == "tracking":
-            # The probes only feed a slope estimate: from 1/8 of the partition once the expected
-            # local count is large enough for the sample to hold hundreds of entries.
-            every = TRACKING_SAMPLE if control.k >= 1024 * ctx.size else 1
-            counts = b.count_at_least(magnitude, [control.threshold / TRACKING_PROBE,
-                                                   control.threshold * TRACKING_PROBE], every)
             control.probes = np.asarray(counts, dtype=np.float64) / ctx.numel
-        return b.indices_where_at_least(magnitude, control.threshold, offset=lo)
 
     def fallback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
         """One index inside the own partition, rotating with the step (so never a duplicate)."""

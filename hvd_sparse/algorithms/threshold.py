@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ..backends import index_dtype_for
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, TENSOR, UNION, Algorithm, StepContext
 
@@ -67,8 +68,13 @@ class Threshold(Algorithm):
         return self.default_threshold(self.density, ctx.numel)
 
     def select_local(self, acc: Any, control: float, ctx: StepContext) -> Any:
-        b = ctx.backend
-        return b.indices_where_at_least(b.abs(acc), control)
+        return ctx.backend.select_at_least(acc, 0, ctx.numel, control)[0]
+
+    def accumulate_select(self, residual: Any, tensors: list, control: float, ctx: StepContext,
+                          clear_inputs: bool) -> tuple[Any, Any]:
+        acc, idx, _ = ctx.backend.accumulate_select(residual, tensors, 0, ctx.numel, control, (), 1,
+                                                    index_dtype_for(ctx.numel), clear_inputs)
+        return acc, idx
 
     def control_stats(self, control: float) -> dict:
         return {"threshold": control}

@@ -94,7 +94,8 @@ class Backend:
 
     def tensors_finite(self, tensors: list[Array]) -> bool:
         """Whether no tensor holds NaN or Inf: one sum per tensor and a single host
-        synchronization (a sum is finite exactly when its terms are, short of overflow)."""
+        synchronization (a sum is finite when its terms are, short of overflow; a sum that is
+        not is confirmed element by element, so an overflowing sum of finite terms is finite)."""
         raise NotImplementedError
 
     # --- selection and scatter -------------------------------------------------------------------
@@ -146,16 +147,45 @@ class Backend:
         raise NotImplementedError
 
     # --- buckets: many tensors <-> one flat vector ---------------------------------------------------
-    def accumulate(self, residual: Array, tensors: list[Array]) -> Array:
+    def accumulate(self, residual: Array, tensors: list[Array], clear_inputs: bool = False) -> Array:
         """residual + concat(flattened tensors), in the residual's dtype; may write into residual
-        (backends with mutable arrays add slice by slice, without a concatenated copy)."""
+        (backends with mutable arrays add slice by slice, without a concatenated copy). With
+        ``clear_inputs`` every input is also set to zero (mutable backends; the engine writes the
+        average into the inputs later, so a kernel can clear them in the same pass)."""
         flat = self.concat([self.cast(self.flat(t), self.dtype_name(residual)) for t in tensors])
-        return self.add(residual, flat)
+        out = self.add(residual, flat)
+        if clear_inputs:
+            self.clear(tensors)
+        return out
 
-    def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool) -> list[Array]:
+    def clear(self, tensors: list[Array]) -> None:
+        """Set every tensor to zero in place (backends with mutable arrays only)."""
+        raise NotImplementedError(f"the {self.name} backend's tensors are immutable")
+
+    def select_at_least(self, x: Array, lo: int, hi: int, threshold: float, probes: list[float] = (),
+                        every: int = 1) -> tuple[Array, list[float]]:
+        """What a threshold method reads off its accumulated vector x in [lo, hi): the ascending
+        indices i (absolute) with |x_i| >= threshold, and ``count_at_least`` of |x[lo:hi]| at each
+        probe (none without probes)."""
+        magnitude = self.abs(self.slice(x, lo, hi))
+        counts = self.count_at_least(magnitude, list(probes), every) if len(probes) else []
+        return self.indices_where_at_least(magnitude, threshold, offset=lo), counts
+
+    def accumulate_select(self, residual: Array, tensors: list[Array], lo: int, hi: int, threshold: float,
+                          probes: list[float] = (), every: int = 1, index_dtype: str = "int64",
+                          clear_inputs: bool = False) -> tuple[Array, Array, list[float]]:
+        """``accumulate`` then ``select_at_least`` on the result: (accumulated vector, indices,
+        probe counts). A kernel does both in one pass and returns the indices as ``index_dtype``
+        (the reference returns int64; the engine casts either to the bucket's index dtype)."""
+        acc = self.accumulate(residual, tensors, clear_inputs)
+        return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every))
+
+    def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool,
+                     zeroed: bool = False) -> list[Array]:
         """The dense vector holding ``values`` at flat ``idx`` (summed where ``unique`` is False),
         cut into tensors shaped like ``tensors``; backends with mutable arrays write it into
-        ``tensors`` themselves (zeroing them first) instead of allocating a dense vector."""
+        ``tensors`` themselves (zeroing them first, unless ``zeroed`` says they already are)
+        instead of allocating a dense vector."""
         n = sum(self.numel(t) for t in tensors)
         return self.split_like(self.scatter(n, idx, values), tensors)
 
@@ -182,9 +212,6 @@ def sample_shape(length: int, every: int) -> tuple[int, int] | None:
     return rows, length // rows
 
 
-def index_dtype_for(n: int) -> str:
-    """int32 indices while they fit (half the bytes on the wire), int64 beyond 2**31."""
-    return "int32" if n < 2**31 else "int64"
 # Integer keys ordered as the magnitudes of a float dtype: its bits read as a signed integer of
 # the same width with the sign bit cleared (so -0 == +0 and non-negative keys compare like |x|),
 # capped at the key just above +Inf so that every NaN has that one key. Name: (integer dtype,
@@ -197,3 +224,6 @@ MAGNITUDE_KEYS = {
 }
 
 
+def index_dtype_for(n: int) -> str:
+    """int32 indices while they fit (half the bytes on the wire), int64 beyond 2**31."""
+    return "int32" if n < 2**31 else "int64"

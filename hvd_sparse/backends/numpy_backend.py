@@ -77,7 +77,9 @@ class NumpyBackend(Backend):
         return float(np.mean(x)), float(np.std(x, ddof=1))
 
     def tensors_finite(self, tensors):
-        return math.isfinite(sum(float(np.sum(t, dtype=np.float64)) for t in tensors))
+        if math.isfinite(sum(float(np.sum(t, dtype=np.float64)) for t in tensors)):
+            return True
+        return all(bool(np.isfinite(t).all()) for t in tensors)   # an overflowing sum is not enough
 
     def topk_abs_indices(self, x, k):
         x = np.asarray(x).reshape(-1)
@@ -129,15 +131,21 @@ class NumpyBackend(Backend):
     def arange(self, lo, hi, like=None):
         return np.arange(lo, hi, dtype=np.int64)
 
-    def accumulate(self, residual, tensors):
+    def accumulate(self, residual, tensors, clear_inputs=False):
         offset = 0
         for t in tensors:
             n = t.size
             residual[offset:offset + n] += t.reshape(-1)
             offset += n
+        if clear_inputs:
+            self.clear(tensors)
         return residual
 
-    def scatter_into(self, tensors, idx, values, unique):
+    def clear(self, tensors):
+        for t in tensors:
+            t[...] = 0
+
+    def scatter_into(self, tensors, idx, values, unique, zeroed=False):
         if not unique:
             idx, inverse = np.unique(idx, return_inverse=True)
             values = np.bincount(inverse, weights=values, minlength=idx.size).astype(values.dtype)
@@ -147,7 +155,8 @@ class NumpyBackend(Backend):
         cuts = np.searchsorted(idx, offsets)
         for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
             flat = t.reshape(-1)
-            flat[:] = 0
+            if not zeroed:
+                flat[:] = 0
             flat[idx[lo:hi] - offset] = values[lo:hi]
         return list(tensors)
 

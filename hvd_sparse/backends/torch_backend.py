@@ -94,8 +94,14 @@ class TorchBackend(Backend):
         return float(mean), float(std)
 
     def tensors_finite(self, tensors):
+        ops = kernels.ops_for(tensors[0])
+        finite = None if ops is None else ops.all_finite(tensors)
+        if finite is not None:
+            return finite
         total = torch.stack([t.sum(dtype=torch.float32) for t in tensors]).sum()
-        return bool(torch.isfinite(total))
+        if bool(torch.isfinite(total)):
+            return True
+        return all(bool(torch.isfinite(t).all()) for t in tensors)   # an overflowing sum is not enough
 
     def topk_abs_indices(self, x, k):
         x = x.reshape(-1)
@@ -158,15 +164,35 @@ class TorchBackend(Backend):
     def arange(self, lo, hi, like=None):
         return torch.arange(lo, hi, dtype=torch.int64, device=like.device if like is not None else None)
 
-    def accumulate(self, residual, tensors):
+    def accumulate(self, residual, tensors, clear_inputs=False):
+        ops = kernels.ops_for(residual)
+        if ops is not None and ops.accumulate(residual, tensors, clear_inputs):
+            return residual
         offset = 0
         for t in tensors:
             n = t.numel()
             residual[offset:offset + n].add_(t.reshape(-1))
             offset += n
+        if clear_inputs:
+            self.clear(tensors)
         return residual
 
-    def scatter_into(self, tensors, idx, values, unique):
+    def clear(self, tensors):
+        for t in tensors:
+            t.zero_()
+
+    def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
+                          index_dtype="int64", clear_inputs=False):
+        ops = kernels.ops_for(residual)
+        if ops is not None:
+            done = ops.accumulate_select(residual, tensors, lo, hi, threshold, list(probes), every,
+                                         _DTYPES[index_dtype], clear_inputs)
+            if done is not None:
+                return residual, done[0], done[1]
+        return super().accumulate_select(residual, tensors, lo, hi, threshold, probes, every,
+                                         index_dtype, clear_inputs)
+
+    def scatter_into(self, tensors, idx, values, unique, zeroed=False):
         if not all(t.is_contiguous() for t in tensors):   # no flat view to write through
             return super().scatter_into(tensors, idx, values, unique)
         idx = idx.long()
@@ -182,7 +208,8 @@ class TorchBackend(Backend):
         cuts = torch.searchsorted(idx, torch.tensor(offsets, device=idx.device)).tolist()
         for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
             flat = t.view(-1)
-            flat.zero_()
+            if not zeroed:
+                flat.zero_()
             if hi > lo:
                 flat.index_put_((idx[lo:hi] - offset,), values[lo:hi].to(t.dtype))
         return list(tensors)

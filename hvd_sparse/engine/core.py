@@ -4,9 +4,12 @@ A *bucket* is a named list of gradient tensors sparsified as one flat vector: on
 "tensor"), the whole model (scope "model"), or a merged group of layers. For each bucket and step
 ``Engine.step`` returns a protocol (comm/protocol.py) that
 
+0. lets the algorithm fix the step's selection domain before any data is read
+   (``Algorithm.prepare``: ExDyna moves its partition boundaries there),
 1. accumulates ``acc = gradient + residual`` into the bucket's fp32 residual buffer (in place
    where the backend allows),
-2. asks the algorithm for this rank's indices,
+2. asks the algorithm for this rank's indices -- for threshold methods in the same pass as step 1
+   (``Algorithm.accumulate_select``, one backend op that a kernel fuses),
 3. exchanges them with one of the three patterns (algorithms/base.py: gather, union, shared),
 4. reconstructs the average over ranks as a dense vector and cuts it back into tensors,
 5. keeps what was not sent as the new residual -- exactly: on every index,
@@ -123,13 +126,24 @@ class Engine:
         ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b, name, bucket.sizes)
         if bucket.control is None:
             bucket.control = self.algorithm.init_control(ctx)
+        yield from self.algorithm.prepare(bucket.control, ctx)
 
         # A rank whose gradient is not finite still takes part in every collective (skipping one
         # would hang the others) but sends zeros -- or NaN, so every rank raises -- and keeps its
-        # residual as it was.
+        # residual as it was: checked before the accumulation writes the residual.
         finite = self.nonfinite == "ignore" or b.tensors_finite(tensors)
+        fused, cleared = None, False
+        started = time.perf_counter()
         if finite:
-            acc = self.algorithm.accumulate(bucket.residual, tensors, bucket.control, ctx)
+            # With write_into_inputs the inputs are cleared in the accumulating pass (their content
+            # is in the residual), so the reconstruction writes only the selected values.
+            fused = self.algorithm.accumulate_select(bucket.residual, tensors, bucket.control, ctx,
+                                                     self.write_into_inputs)
+            if fused is not None:
+                acc, idx = fused
+                cleared = self.write_into_inputs
+            else:
+                acc = self.algorithm.accumulate(bucket.residual, tensors, bucket.control, ctx)
         else:
             acc = b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
             bucket.nonfinite_steps += 1
@@ -139,8 +153,9 @@ class Engine:
                               RuntimeWarning, stacklevel=2)
         poison = not finite and self.nonfinite == "raise"
 
-        started = time.perf_counter()
-        idx = yield from self.algorithm.select(acc, bucket.control, ctx)
+        if fused is None:
+            started = time.perf_counter()
+            idx = yield from self.algorithm.select(acc, bucket.control, ctx)
         if b.numel(idx) == 0:  # never send nothing: an empty collective can hang (HOROVOD.md 1.8)
             idx = self.algorithm.fallback(bucket.control, ctx)
             idx = b.from_numpy(b.to_numpy(idx), like=acc)  # on the gradient's device (a GPU)
@@ -201,7 +216,7 @@ class Engine:
             nonfinite_steps=bucket.nonfinite_steps,
             extra=self.algorithm.control_stats(bucket.control))
         if self.write_into_inputs:
-            return b.scatter_into(tensors, *result)
+            return b.scatter_into(tensors, *result, zeroed=cleared)
         return b.split_like(b.scatter(bucket.numel, result[0], result[1], like=acc), tensors)
 
     def end_step(self, ready: dict[str, float] | None = None) -> Protocol:
