@@ -5,7 +5,7 @@ RUN    := OMP_NUM_THREADS=1 TF_CPP_MIN_LOG_LEVEL=3 TF_USE_LEGACY_KERAS=1
 NP     ?= 2
 PYTEST_ARGS ?=
 
-.PHONY: install demo test unit lint bench report clean
+.PHONY: install demo test unit unit-reference lint bench report clean
 
 install:
 	@bash tools/install.sh
@@ -14,12 +14,21 @@ demo: install
 	$(RUN) $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) $(PYTHON) examples/digits_torch.py
 
 lint: install
-	$(VENV)/bin/ruff check hvd_sparse tests examples tools scripts
+	$(VENV)/bin/ruff check hvd_sparse kernels tests examples tools scripts
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") matches no test: report it, do not fail.
+NO_MATCH = if [ $$rc -eq 5 ]; then echo "pytest: no tests matched '$(PYTEST_ARGS)'"; rc=0; fi
+
+# Every test with the kernels (the default), then the unit suite again on the reference path.
 test: install lint
-	@$(RUN) $(PYTHON) -m pytest -ra $(PYTEST_ARGS); rc=$$?; \
-	if [ $$rc -eq 5 ]; then echo "pytest: no tests matched '$(PYTEST_ARGS)'"; exit 0; fi; exit $$rc
+	@$(RUN) $(PYTHON) -m pytest -ra $(PYTEST_ARGS); rc=$$?; $(NO_MATCH); exit $$rc
+	@$(MAKE) --no-print-directory unit-reference
+
+# The unit suite with HVD_SPARSE_KERNELS=off: the reference path must pass on its own.
+unit-reference: install
+	@echo "unit tests again with HVD_SPARSE_KERNELS=off (the reference path)"
+	@HVD_SPARSE_KERNELS=off $(RUN) $(PYTHON) -m pytest -ra -q -m "not multiproc" $(PYTEST_ARGS); rc=$$?; \
+	$(NO_MATCH); exit $$rc
 
 unit: install
 	$(RUN) $(PYTHON) -m pytest -ra -m "not multiproc" $(PYTEST_ARGS)
