@@ -3,8 +3,8 @@ the tie rule of the reference op ``topk_abs_indices`` (hvd_sparse/backends/base.
 read of x and no full-size temporary.
 
 Returns None for arguments it has no kernel for (a dtype other than fp32/fp64, a tensor not on the
-CPU): the caller then runs the reference ops. fp16/bf16 gradients reach selection through the
-fp32 residual, so they take the kernel there.
+CPU, k outside [0, numel]): the caller then runs the reference ops. fp16/bf16 gradients reach
+selection through the fp32 residual, so they take the kernel there.
 """
 
 from __future__ import annotations
@@ -28,11 +28,9 @@ def topk_abs(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64) ->
     """Ascending indices (``index_dtype``: int32 or int64) of the k entries of largest magnitude
     of x (flattened); 0 <= k <= numel. Ties at the k-th magnitude: the lowest indices."""
     function = _FUNCTIONS.get((x.dtype, index_dtype))
-    if function is None or x.device.type != "cpu":
-        return None
     n = x.numel()
-    if not 0 <= k <= n:
-        raise ValueError(f"top-k of {k} entries out of {n}: k must be in [0, {n}]")
+    if function is None or x.device.type != "cpu" or not 0 <= k <= n:
+        return None
     if index_dtype == torch.int32 and n > 2**31:
         raise ValueError(f"int32 indices cannot address {n} entries: use int64")
     flat = x.reshape(-1)

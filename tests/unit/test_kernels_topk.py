@@ -1,0 +1,224 @@
+"""Exact top-k by magnitude: the tie rule on every backend, the CPU kernel against the reference op,
+and every method built on top-k making identical decisions with kernels on and off."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+from test_kernels_cpu import cpu_ops, gradients, needs_kernels, same
+
+import hvd_sparse
+from hvd_sparse.algorithms import DEFT, DGC, LAGS, GaussianK, TopK
+from hvd_sparse.backends import get_backend
+from hvd_sparse.comm.local import LocalGroup
+from hvd_sparse.engine import Engine
+
+NP, TB = get_backend("numpy"), get_backend("torch")
+
+# Above the kernel's sampling size (4 * 1024 runs of 64): the sampled bracket runs, not the radix.
+LARGE = 300_000
+
+
+def reference(function: Callable, *args):
+    """``function(*args)`` on the reference path (kernels off), the mode restored after."""
+    previous = hvd_sparse.kernels_mode()
+    hvd_sparse.set_kernels("off")
+    try:
+        return function(*args)
+    finally:
+        hvd_sparse.set_kernels(previous)
+
+
+def tie_rule(x: np.ndarray, k: int) -> np.ndarray:
+    """The rule written out by a full sort: magnitudes with NaN above +Inf and -0 == +0, ties by
+    the lowest index; ascending indices."""
+    magnitude = np.abs(x.astype(np.float64))
+    magnitude[np.isnan(magnitude)] = np.inf
+    rank_nan = np.isnan(x)   # NaN above +Inf: sort key (is NaN, magnitude), descending
+    order = np.lexsort((np.arange(x.size), -magnitude, ~rank_nan))
+    return np.sort(order[:k]).astype(np.int64)
+
+
+def vectors(n: int, seed: int) -> dict[str, np.ndarray]:
+    """fp64 vectors: random, heavy-tailed, all equal, all zero (both signs), few distinct values,
+    non-finite, and one whose large entries hide between the kernel's sampled runs."""
+    rng = np.random.default_rng(seed)
+    special = rng.standard_normal(n)
+    special[rng.random(n) < 0.01] = np.nan
+    special[rng.random(n) < 0.01] = np.inf
+    special[rng.random(n) < 0.01] = -np.inf
+    special[rng.random(n) < 0.01] = -np.nan
+    hidden = rng.standard_normal(n) * 100.0
+    stride = n // 1024
+    for run in range(1024 if stride >= 64 else 0):   # the runs the kernel samples: small entries
+        start = run * stride + (stride - 64) // 2
+        hidden[start:start + 64] = rng.standard_normal(64) * 1e-3
+    return {
+        "random": rng.standard_normal(n),
+        "heavy": rng.standard_t(2, n) * np.exp(rng.standard_normal(n)),
+        "tied": np.full(n, -0.25),
+        "zero": np.where(rng.random(n) < 0.5, -0.0, 0.0),
+        "few": rng.integers(-3, 4, n).astype(np.float64),
+        "nonfinite": special,
+        "hidden": hidden,
+    }
+
+
+def ks(n: int) -> list[int]:
+    return sorted(k for k in {0, 1, 2, n // 1000 + 1, n // 100, n // 2, n - 1, n} if 0 <= k <= n)
+
+
+# --- the rule, on every backend ---------------------------------------------------------------------
+SPECIAL = np.array([1.0, -3.0, 3.0, np.nan, -0.0, 0.0, np.inf, -np.nan, 2.0, -np.inf, 3.0, -3.0, 0.0])
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32", "float64"])
+def test_numpy_reference_is_the_rule(dtype):
+    for name, x in {"special": SPECIAL, **vectors(5_000, 1)}.items():
+        x = x.astype(dtype)
+        for k in ks(x.size):
+            np.testing.assert_array_equal(NP.topk_abs_indices(x, k), tie_rule(x, k), err_msg=f"{name} k={k}")
+
+
+def test_the_rule_on_a_small_example():
+    # |x|: NaN NaN Inf Inf 3 3 3 3 2 1 0 0 0 -> the top 6 take the 3s at indices 1 and 2.
+    assert NP.topk_abs_indices(SPECIAL, 6).tolist() == [1, 2, 3, 6, 7, 9]
+    assert NP.topk_abs_indices(SPECIAL, 11).tolist() == [0, 1, 2, 3, 4, 6, 7, 8, 9, 10, 11]
+
+
+@pytest.mark.parametrize("mode", ["auto", "off"])
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_torch_backend_follows_the_rule(mode, dtype):
+    for name, x in {"special": SPECIAL, **vectors(3_000, 2)}.items():
+        t = torch.from_numpy(x).to(dtype)
+        expected_input = t.float().numpy() if dtype == torch.bfloat16 else t.numpy()
+        for k in ks(t.numel()):
+            got = TB.topk_abs_indices(t, k) if mode == "auto" else reference(TB.topk_abs_indices, t, k)
+            assert got.dtype == torch.int64
+            np.testing.assert_array_equal(got.numpy(), tie_rule(expected_input, k), err_msg=f"{name} k={k}")
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16", "float32", "float64"])
+def test_tensorflow_backend_follows_the_rule(dtype):
+    tf = pytest.importorskip("tensorflow")
+    tfb = get_backend("tensorflow")
+    for name, x in {"special": SPECIAL, **vectors(2_000, 3)}.items():
+        t = tf.cast(tf.constant(x), dtype)
+        expected_input = tf.cast(t, tf.float64).numpy()
+        for k in ks(x.size):
+            got = tfb.topk_abs_indices(t, k).numpy()
+            np.testing.assert_array_equal(got, tie_rule(expected_input, k), err_msg=f"{name} k={k}")
+
+
+# --- the kernel against the reference ---------------------------------------------------------------
+@needs_kernels
+@pytest.mark.parametrize("n", [1, 1_000, LARGE])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_kernel_matches_the_reference(n, dtype):
+    ops = cpu_ops()
+    for name, x in vectors(n, n).items():
+        t = torch.from_numpy(x).to(dtype)
+        for k in ks(n):
+            want = reference(TB.topk_abs_indices, t, k)
+            for index_dtype in (torch.int32, torch.int64):
+                got = ops.topk_abs(t, k, index_dtype)
+                assert got.dtype == index_dtype
+                assert torch.equal(got.long(), want), f"{name} n={n} k={k} {dtype} {index_dtype}"
+
+
+@needs_kernels
+def test_kernel_takes_non_contiguous_and_multi_dimensional_inputs():
+    ops = cpu_ops()
+    x = torch.from_numpy(vectors(2 * LARGE, 4)["heavy"]).float()
+    for t in (x[::2], x.view(600, 1000).t(), x.view(600, 1000)):
+        for k in (1, 300, 3_000):
+            assert torch.equal(ops.topk_abs(t, k, torch.int64), reference(TB.topk_abs_indices, t, k))
+
+
+@needs_kernels
+def test_kernel_declines_what_it_does_not_handle():
+    ops = cpu_ops()
+    assert ops.topk_abs(torch.ones(8, dtype=torch.float16), 2, torch.int64) is None
+    assert ops.topk_abs(torch.ones(8, dtype=torch.bfloat16), 2, torch.int64) is None
+    assert ops.topk_abs(torch.ones(8), 2, torch.int16) is None
+    assert ops.topk_abs(torch.ones(8), 9, torch.int64) is None   # the reference op decides
+
+
+# --- methods built on top-k: kernels on and off -----------------------------------------------------
+def run_steps(algorithm, size, steps, grads_at, keys):
+    """Every rank's returned tensors, residuals and statistics after each step, bucket by bucket
+    as the algorithm plans them."""
+    sizes = [t.numel() for t in grads_at(0, 0)]
+    plan = algorithm.plan(keys, sizes)
+    position = {key: i for i, key in enumerate(keys)}
+    engines = [Engine(copy.deepcopy(algorithm), TB, r, size, write_into_inputs=True) for r in range(size)]
+    group, history = LocalGroup(size, TB), []
+    for step in range(steps):
+        inputs = [[t.clone() for t in grads_at(step, r)] for r in range(size)]
+        record = []
+        for name, members in plan:
+            outs = group.run([e.step(name, [inputs[r][position[m]] for m in members])
+                              for r, e in enumerate(engines)])
+            record.append([([o.clone() for o in out], e.buckets[name].residual.clone())
+                           for out, e in zip(outs, engines, strict=True)])
+        group.run([e.end_step() for e in engines])
+        record.append([{key: repr(value) for key, value in e.stats().items()
+                        if key not in ("select_seconds", "seconds")} for e in engines])
+        history.append(record)
+    return history
+
+
+def assert_identical(on, off):
+    for step, (a, b) in enumerate(zip(on, off, strict=True)):
+        for bucket, (ranks_a, ranks_b) in enumerate(zip(a[:-1], b[:-1], strict=True)):
+            for rank, ((out_a, res_a), (out_b, res_b)) in enumerate(zip(ranks_a, ranks_b, strict=True)):
+                where = f"step {step} bucket {bucket} rank {rank}"
+                assert all(same(x, y) for x, y in zip(out_a, out_b, strict=True)), where
+                assert same(res_a, res_b), where
+        assert a[-1] == b[-1], f"step {step}: statistics differ"
+
+
+CONFIGS = [
+    ("topk-tensor-gather", TopK(0.01), 3),
+    ("topk-tensor-union", TopK(0.01, pattern="union"), 2),
+    ("topk-model-gather", TopK(0.005, scope="model"), 4),
+    ("topk-model-union", TopK(0.005, pattern="union", scope="model"), 3),
+    ("lags", LAGS(0.01, merge_threshold=5_000), 3),
+    ("deft", DEFT(0.01), 4),
+    ("deft-agreed", DEFT(0.005, agreed_k=True, packing="heap"), 3),
+    ("dgc", DGC(0.01, scope="model"), 2),
+    ("dgc-tensor", DGC(0.01), 3),
+    ("gaussiank", GaussianK(0.01, scope="model"), 3),
+    ("gaussiank-rescale", GaussianK(0.01, variant="rescale"), 2),
+]
+
+
+@needs_kernels
+@pytest.mark.parametrize("name,algorithm,size", CONFIGS, ids=[c[0] for c in CONFIGS])
+def test_methods_identical_with_kernels_on_and_off(name, algorithm, size):
+    sizes = [LARGE, 2_000, 777, 4_096]
+    grads = gradients(11, sizes, [torch.float32, torch.float16, torch.bfloat16, torch.float32])
+    keys = [f"layer{i}" for i in range(len(sizes))]
+    steps = 8
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
+        on = run_steps(algorithm, size, steps, grads, keys)
+        off = reference(run_steps, algorithm, size, steps, grads, keys)
+    assert_identical(on, off)
+
+
+@needs_kernels
+def test_ties_select_the_same_entries_with_kernels_on_and_off():
+    """All-equal and all-zero gradients: top-k picks the lowest indices on every path."""
+    def tied(step, rank):
+        value = 0.0 if step % 2 else 0.5 * (rank + 1)
+        return [torch.full((LARGE,), value), torch.full((1_000,), -value)]
+    for algorithm in (TopK(0.01, scope="model"), DEFT(0.01), LAGS(0.01)):
+        on = run_steps(algorithm, 2, 4, tied, ["a", "b"])
+        off = reference(run_steps, algorithm, 2, 4, tied, ["a", "b"])
+        assert_identical(on, off)
