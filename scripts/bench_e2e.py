@@ -7,6 +7,10 @@ compression and every hvd_sparse method, on loopback and on emulated networks.
     python scripts/bench_e2e.py --models cnn --nets loopback --sizes 2 4 \
         --configs dense,exdyna,exdyna-tracking,topk,local --rounds 60 --out bench/e2e-compute
                                             # the compute-bound target with many paired steps
+    python scripts/bench_e2e.py --models mlp25m --nets 1gbit --sizes 2 \
+        --configs dense,exdyna-tracking,exdyna-tracking@ref,topk,topk@ref,deft,deft@ref,lags,lags@ref \
+        --out bench/e2e-kernels             # the kernels' targets: "X@ref" is X with the kernels off
+                                            # the compute-bound target with many paired steps
     python scripts/bench_e2e.py --resummarize bench/e2e.json   # tables again, no measuring
 
 Each job is one Horovod run of scripts/bench_e2e_worker.py over N ranks, training every
@@ -52,7 +56,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from bench_e2e_worker import CONFIGS  # noqa: E402
+from bench_e2e_worker import CONFIGS, REFERENCE, known  # noqa: E402
 from results import machine_info  # noqa: E402
 
 WORKER = HERE / "bench_e2e_worker.py"
@@ -88,6 +92,11 @@ COMM_BOUND = {"model": "mlp25m", "net": "1gbit", "size": 4}
 COMM_RATIO_MAX = 0.35
 COMPUTE_BOUND = {"model": "cnn", "net": "loopback"}
 COMPUTE_OVERHEAD_MAX = 0.15
+# The targets of issue 11 (kernels), on every job that ran the configurations they name: with
+# kernels, these are faster than top-k; DEFT within this factor of ExDyna-tracking's step; and no
+# configuration slower than itself with the kernels off ("<config>@ref").
+FASTER_THAN_TOPK = ("deft", "lags")
+DEFT_VS_TRACKING_MAX = 1.3
 
 
 class StopRequestedError(Exception):
@@ -309,8 +318,39 @@ def evaluate_targets(jobs: list[dict]) -> list[dict]:
                 "verdict": verdict(ratio["median"], ratio["ci95"], 1 + COMPUTE_OVERHEAD_MAX),
                 "met": ratio["median"] - 1 <= COMPUTE_OVERHEAD_MAX,
             })
+    for job in jobs:
+        out += kernel_targets(job)
     for target in out:
         target["figure"], target["verdict"] = describe_target(target)
+    return out
+
+
+def kernel_targets(job: dict) -> list[dict]:
+    """The kernels' targets on one job, each a per-visit step ratio of two configurations of the
+    same job (median, 95% bootstrap interval) against a limit."""
+    configs = sorted({r["config"] for r in job["records"]})
+    pairs = [(c, "topk", 1.0, "faster than top-k") for c in FASTER_THAN_TOPK]
+    pairs.append(("deft", "exdyna-tracking", DEFT_VS_TRACKING_MAX,
+                  f"within {DEFT_VS_TRACKING_MAX}× of exdyna-tracking"))
+    pairs += [(c.removesuffix(REFERENCE), c, 1.0, "no slower with kernels than without")
+              for c in configs if c.endswith(REFERENCE)]
+    out = []
+    for config, reference, limit, claim in pairs:
+        if not {config, reference} <= set(configs):
+            continue
+        steps = {r["repeat"]: r["step_seconds"] for r in job["records"] if r["config"] == reference}
+        ratios = per_repeat_ratios([r for r in job["records"] if r["config"] == config], steps)
+        if not ratios:
+            continue
+        median, ci = statistics.median(ratios), median_ci(ratios)
+        strict = limit == 1.0 and reference == "topk"   # "faster": a tie does not count
+        out.append({
+            "target": f"{config} {claim} ({job['model']}, {job['net']}, {job['size']} ranks)",
+            "kind": "kernels", "config": config, "reference": reference, "size": job["size"],
+            "ratio": median, "ratio_ci95": ci, "samples": len(ratios), "limit": limit,
+            "met": median < limit if strict else median <= limit,
+            "verdict_ratio": verdict(median, ci, limit),
+        })
     return out
 
 
@@ -319,6 +359,11 @@ def describe_target(t: dict) -> tuple[str, str]:
     def number(value, spec: str) -> str:
         return "–" if value is None else format(value, spec)
 
+    if t["kind"] == "kernels":
+        lo, hi = t["ratio_ci95"]
+        figure = (f"{t['config']} / {t['reference']} step: {t['ratio']:.3f} ({lo:.3f}–{hi:.3f}), "
+                  f"{t['samples']} paired visits")
+        return figure, t["verdict_ratio"]
     if t["kind"] == "communication-bound":
         lo, hi = t["ratio_ci95"]
         topk_lo, topk_hi = t["ratio_to_topk_ci95"] or (None, None)
@@ -474,8 +519,9 @@ def main() -> None:
         plan["configs"] = args.configs.split(",")
     configs = plan["configs"]
     for c in configs:
-        if c not in CONFIGS:
-            parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}")
+        if not known(c):
+            parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}, and any "
+                         f"sparsifier with {REFERENCE} (the same with the kernels off)")
     out = Path(args.out or (REPO / "bench" / ("e2e-quick" if args.quick else "e2e")))
     out.parent.mkdir(parents=True, exist_ok=True)
     jobs_to_run = []

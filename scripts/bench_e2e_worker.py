@@ -43,6 +43,29 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "local": ("local", {}),
 }
 
+# "<config>@ref": the same configuration with the kernels off (the reference path), so one job
+# measures what the kernels change, side by side with everything else.
+REFERENCE = "@ref"
+
+
+def resolve(config: str) -> tuple[str, dict, str]:
+    """(method or Horovod compression, options, kernel mode) of a configuration name; KeyError
+    when it names none (``@ref`` only suffixes an hvd_sparse method)."""
+    base = config.removesuffix(REFERENCE)
+    method, options = CONFIGS[base]
+    if base != config and method in ("horovod", "local"):
+        raise KeyError(config)
+    return method, options, "off" if base != config else "auto"
+
+
+def known(config: str) -> bool:
+    try:
+        resolve(config)
+    except KeyError:
+        return False
+    return True
+
+
 STAT_KEYS = ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
              "comm_wait_seconds", "comm_inflight_seconds")
 
@@ -118,9 +141,10 @@ def main() -> None:
     hvd.init()
     rank, size = hvd.rank(), hvd.size()
     configs = args.configs.split(",")
-    unknown = [c for c in configs if c not in CONFIGS]
+    unknown = [c for c in configs if not known(c)]
     if unknown:
-        raise SystemExit(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}")
+        raise SystemExit(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}, and "
+                         f"any sparsifier with {REFERENCE} (kernels off)")
 
     probe = bandwidth_probe(hvd, torch, args.probe_mb, size)
 
@@ -192,8 +216,9 @@ class Trainer:
     SGD wrapped in stock ``hvd.DistributedOptimizer`` with the configuration's ``compression=``."""
 
     def __init__(self, config: str, args, tag: str, hvd, torch, hvd_sparse):
-        method, options = CONFIGS[config]
+        method, options, self.kernels = resolve(config)
         self.config, self.method, self.options = config, method, options
+        self.hvd_sparse = hvd_sparse
         self.model, _ = build_model(args.model)
         named = list(self.model.named_parameters())
         self.numel = sum(p.numel() for _, p in named)
@@ -206,7 +231,8 @@ class Trainer:
         elif method != "local":
             self.compressor = hvd_sparse.create(method, framework="torch", density=args.density,
                                                 named_parameters=named,
-                                                prefix=f"e2e.{config}.{tag}", **options)
+                                                prefix=f"e2e.{config.replace('@', '-')}.{tag}",
+                                                **options)
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
                                                  compression=self.compressor)
         self.optimizer = optimizer
@@ -221,6 +247,7 @@ class Trainer:
         some methods, the selection run here) and optimizer.step() (waiting for the exchange,
         reconstruction, the update), then the CPU seconds the process spent on it (all threads,
         Horovod's background thread included: a busy wait shows there)."""
+        self.hvd_sparse.set_kernels(self.kernels)   # configurations may take turns step by step
         cpu0 = time.process_time()
         t0 = time.perf_counter()
         self.optimizer.zero_grad()

@@ -35,6 +35,10 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("e2e-nets.md", "End to end across networks (7M-parameter MLP, 4 ranks)",
      "python scripts/bench_e2e.py --models mlp7m --nets 10gbit 100mbit --sizes 4 "
      "--configs dense,fp16,exdyna,exdyna-tracking,topk,dgc,local --out bench/e2e-nets"),
+    ("e2e-kernels.md", "End to end with the kernels on and off (`X@ref`: kernels off)",
+     "python scripts/bench_e2e.py --models mlp25m --nets 1gbit --sizes 2 --configs "
+     "dense,exdyna-tracking,exdyna-tracking@ref,topk,topk@ref,deft,deft@ref,lags,lags@ref "
+     "--out bench/e2e-kernels"),
     ("sim_scale.md", "Simulator scale", "python scripts/sim_scale.py"),
 ]
 
@@ -62,7 +66,7 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     grouped: dict[str, list[dict]] = {}
     for name in ("select.json", "fidelity.json", "convergence.json", "convergence-long/convergence.json",
-                 "e2e.json", "e2e-compute.json"):
+                 "e2e.json", "e2e-compute.json", "e2e-kernels.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
             if target.get("method"):

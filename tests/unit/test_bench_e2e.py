@@ -93,6 +93,29 @@ def test_targets_verdicts():
     assert verdict["met_ratio"] and not verdict["met_faster_than_topk"] and not verdict["met"]
 
 
+def test_kernel_targets():
+    # Ratios are paired per visit: deft is faster than top-k in every visit, lags in one of three.
+    job = job_with({"topk": [1.0, 3.0, 1.0], "deft": [0.9, 2.5, 0.95], "lags": [1.1, 3.1, 1.0],
+                    "exdyna-tracking": [0.8, 2.0, 0.8], "topk@ref": [1.5, 3.5, 1.4],
+                    "lags@ref": [1.0, 3.0, 0.9]}, model="mlp25m", net="1gbit", size=2)
+    targets = {(t["config"], t["reference"]): t for t in bench_e2e.evaluate_targets([job])
+               if t["kind"] == "kernels"}
+    assert set(targets) == {("deft", "topk"), ("lags", "topk"), ("deft", "exdyna-tracking"),
+                            ("topk", "topk@ref"), ("lags", "lags@ref")}
+    assert targets["deft", "topk"]["ratio"] == pytest.approx(0.9) and targets["deft", "topk"]["met"]
+    assert not targets["lags", "topk"]["met"]
+    assert targets["deft", "exdyna-tracking"]["ratio"] == pytest.approx(1.1875)
+    assert targets["deft", "exdyna-tracking"]["met"]
+    assert targets["topk", "topk@ref"]["met"] and not targets["lags", "lags@ref"]["met"]
+    assert "paired visits" in targets["topk", "topk@ref"]["figure"]
+
+
+def test_reference_configurations_resolve():
+    assert bench_e2e_worker.resolve("deft@ref") == ("deft", {}, "off")
+    assert bench_e2e_worker.resolve("deft")[2] == "auto"
+    assert not bench_e2e_worker.known("dense@ref") and not bench_e2e_worker.known("nothing")
+
+
 def test_markdown_states_the_verdicts():
     job = job_with({"dense": [1.0] * 2, "exdyna": [0.3] * 2, "topk": [0.5] * 2, "local": [0.1] * 2},
                    model="mlp25m", net="1gbit", size=4, numel=25_000_000, configs=["dense", "exdyna"],
