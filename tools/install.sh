@@ -99,6 +99,11 @@ log "mpi4py==$mpi4py_v, build and test tools"
 "${pip[@]}" install "${constraints[@]}" "mpi4py==$mpi4py_v" \
     cloudpickle psutil pyyaml packaging cffi wheel setuptools \
     numpy pytest pytest-timeout hypothesis ruff scikit-learn matplotlib
+# Triton at the version torch's CUDA build requires: the GPU kernels run on it, and on this CPU
+# torch the tests run them in its interpreter. It depends on nothing, so torch stays as it is.
+triton_v=$(pin triton)
+log "triton==$triton_v"
+"${pip[@]}" install "${constraints[@]}" "triton==$triton_v"
 
 # --- Horovod, built from the sdist with two one-line fixes, cached by ABI key ----------------------
 py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

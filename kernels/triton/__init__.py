@@ -1,0 +1,57 @@
+"""GPU kernels in Triton: the op module ``ops_for`` returns for CUDA tensors.
+
+A CUDA build of torch ships the Triton it was built with, so nothing is compiled at install time;
+each kernel is compiled on first use (seconds, cached by Triton on disk). Importing this module
+needs Triton but no GPU; without Triton it raises ``KernelUnavailable`` naming the fix, and the
+loader (hvd_sparse.kernels) runs the reference path after one warning. Every op returns None for
+arguments it has no kernel for (an integer input, an fp16 residual, a non-contiguous residual,
+tensors on different devices); the caller then runs the reference ops.
+
+The ops of the kernel contract, with the reference's results bit for bit:
+
+* ``all_finite(tensors)``                                    -- 1 host synchronization
+* ``accumulate(residual, tensors, clear_inputs)``            -- 0
+* ``accumulate_select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
+  clear_inputs)``                                            -- 1 (the count the allgather needs)
+* ``topk_abs(x, k, index_dtype)``                            -- 0 (the output size is k)
+
+Host synchronizations. Each one stalls the host until the GPU has drained its queue, so a bucket
+takes at most one per step: the count of selected entries, which the allgather needs on the host.
+The finite check therefore has variants that keep their answer on the device:
+
+* ``finite_flag(tensors)`` -> int64 [1] device tensor, 0 when every input is finite.
+* ``accumulate(..., skip_if=flag)``: the kernels read the flag and write nothing when it is set.
+* ``accumulate_if_finite(residual, tensors, clear_inputs)`` -> the flag (finite check, then the
+  gated accumulate): for top-k methods, whose ``topk_abs`` needs no synchronization, the caller
+  reads the flag with whatever it reads next.
+* ``accumulate_select_if_finite(...)`` -> ``(finite, idx, probe_counts)``: the finite check,
+  the gated accumulate-and-select, and ONE host copy that reads the finite flag, the probe
+  counts and the total together. Not finite: residual and inputs untouched, idx empty.
+
+Tests run every kernel in Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is
+imported, CPU tensors); tests/unit/test_triton_kernels.py.
+"""
+
+from __future__ import annotations
+
+from .. import KernelUnavailable
+
+try:
+    import triton  # noqa: F401  (the availability check; the kernels import it themselves)
+except ImportError as error:   # pragma: no cover  (CI installs Triton)
+    raise KernelUnavailable(
+        f"Triton is not installed ({error}); a CUDA build of torch ships it, or "
+        "`pip install triton` at the version your torch requires") from error
+
+from .accumulate import (
+    accumulate,
+    accumulate_if_finite,
+    accumulate_select,
+    accumulate_select_if_finite,
+    all_finite,
+    finite_flag,
+)
+from .topk import topk_abs
+
+__all__ = ["accumulate", "accumulate_if_finite", "accumulate_select", "accumulate_select_if_finite",
+           "all_finite", "finite_flag", "topk_abs"]

@@ -1,0 +1,301 @@
+"""Error feedback and threshold selection in one pass: all_finite, accumulate, accumulate_select.
+
+``a = e + g`` is computed per input tensor (one launch each, as the reference adds slice by
+slice), into the residual, optionally zeroing the input in the same pass. With selection, the
+same pass counts, per block of the rank's range [lo, hi), the entries with |a| >= T, and the
+probe counts on the sampled sub-range; an exclusive scan of the block counts (torch.cumsum, on
+the device) then lets a second, range-only pass write the indices of every block at its offset:
+ascending, with no sort and no atomics on positions, so the result never depends on scheduling.
+The total, the finite flag and the probe counts come back to the host in one copy.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from hvd_sparse.backends.base import sample_shape
+
+from . import _common
+from ._common import FLOATS, INDICES, RESIDUALS, blocks, capped_key, nan_key, same_device, threshold_key
+
+# The fused pass counts this many probes; more are counted by extra passes over the range.
+FUSED_PROBES = 4
+
+
+@triton.jit
+def _nonfinite_kernel(x_ptr, numel, flag_ptr, NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = offsets < numel
+    x = tl.load(x_ptr + offsets, mask=inside, other=0)
+    bad = tl.max((inside & (capped_key(x, NAN_KEY) >= NAN_KEY - 1)).to(tl.int32), 0)
+    tl.store(flag_ptr, bad.to(tl.int64), mask=bad > 0)
+
+
+@triton.jit
+def _count_probes(key, sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES: tl.constexpr,
+                  NAN_KEY: tl.constexpr):
+    """Adds to probe_ptr[j] how many sampled keys pass probe key p_j (j < NUM_PROBES)."""
+    finite_or_inf = sampled & (key < NAN_KEY)
+    if NUM_PROBES > 0:
+        tl.atomic_add(probe_ptr, tl.sum((finite_or_inf & (key >= p0)).to(tl.int64), 0))
+    if NUM_PROBES > 1:
+        tl.atomic_add(probe_ptr + 1, tl.sum((finite_or_inf & (key >= p1)).to(tl.int64), 0))
+    if NUM_PROBES > 2:
+        tl.atomic_add(probe_ptr + 2, tl.sum((finite_or_inf & (key >= p2)).to(tl.int64), 0))
+    if NUM_PROBES > 3:
+        tl.atomic_add(probe_ptr + 3, tl.sum((finite_or_inf & (key >= p3)).to(tl.int64), 0))
+
+
+@triton.jit
+def _sampled(position, lo, hi, sample_len, row_len, every):
+    """Whether ``position`` lies in the sub-range count_at_least reads (see base.sample_shape)."""
+    relative = position - lo
+    return ((position >= lo) & (position < hi) & (relative < sample_len)
+            & ((relative // row_len) % every == 0))
+
+
+@triton.jit
+def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, num_blocks,
+                       skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
+                       sample_len, row_len, every,
+                       SELECT: tl.constexpr, NUM_PROBES: tl.constexpr, GATED: tl.constexpr,
+                       CLEAR: tl.constexpr, WIDE: tl.constexpr, NAN_KEY: tl.constexpr,
+                       BLOCK: tl.constexpr):
+    # Blocks are aligned on lo, so that block j (0 <= j < num_blocks) of the range is the same
+    # block for every input tensor that overlaps it; its count may come from two launches.
+    block = first_block + tl.program_id(0).to(tl.int64)
+    position = lo + block * BLOCK + tl.arange(0, BLOCK)
+    inside = (position >= offset) & (position < offset + numel)
+    if GATED:  # a device flag says the step is skipped: write nothing
+        inside = inside & (tl.load(skip_ptr) == 0)
+    g = tl.load(input_ptr + (position - offset), mask=inside, other=0)
+    e = tl.load(residual_ptr + position, mask=inside, other=0)
+    # Exactly torch's residual.add_(g): both converted to their common dtype, one add, one
+    # rounding to the residual's dtype (a no-op unless g is fp64 and the residual fp32).
+    a = (e.to(tl.float64) + g.to(tl.float64)).to(e.dtype) if WIDE else e + g.to(e.dtype)
+    tl.store(residual_ptr + position, a, mask=inside)
+    if CLEAR:
+        tl.store(input_ptr + (position - offset), tl.zeros_like(g), mask=inside)
+    if SELECT:
+        key = capped_key(a, NAN_KEY)
+        in_range = inside & (position >= lo) & (position < hi)
+        hits = tl.sum((in_range & (key >= key_min) & (key < NAN_KEY)).to(tl.int32), 0)
+        tl.atomic_add(counts_ptr + block, hits, mask=(block >= 0) & (block < num_blocks))
+        sampled = inside & _sampled(position, lo, hi, sample_len, row_len, every)
+        _count_probes(key, sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
+
+
+@triton.jit
+def _count_kernel(residual_ptr, lo, hi, probe_ptr, p0, p1, p2, p3, sample_len, row_len, every,
+                  NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    """Probe counts beyond the fused ones: reads the range of the (already updated) residual."""
+    position = lo + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    sampled = _sampled(position, lo, hi, sample_len, row_len, every)
+    a = tl.load(residual_ptr + position, mask=sampled, other=0)
+    _count_probes(capped_key(a, NAN_KEY), sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
+
+
+@triton.jit
+def _compact_kernel(residual_ptr, lo, hi, ends_ptr, index_ptr, key_min,
+                    NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes the in-range indices of block j at its offset: ends[j] - (its count)."""
+    block = tl.program_id(0).to(tl.int64)
+    position = lo + block * BLOCK + tl.arange(0, BLOCK)
+    inside = position < hi
+    key = capped_key(tl.load(residual_ptr + position, mask=inside, other=0), NAN_KEY)
+    hit = (inside & (key >= key_min) & (key < NAN_KEY)).to(tl.int64)
+    start = tl.load(ends_ptr + block) - tl.sum(hit, 0)
+    slot = start + tl.cumsum(hit, 0) - hit
+    tl.store(index_ptr + slot, position.to(index_ptr.dtype.element_ty), mask=hit > 0)
+
+
+# --- argument checks: None means "no kernel for this; run the reference ops" ----------------------
+def _inputs_supported(tensors: list[torch.Tensor], device: torch.device) -> bool:
+    return all(t.dtype in FLOATS for t in tensors) and same_device(tensors, device)
+
+
+def _residual_supported(residual: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
+    return (residual.dtype in RESIDUALS and residual.dim() == 1 and residual.is_contiguous()
+            and _inputs_supported(tensors, residual.device)
+            and sum(t.numel() for t in tensors) == residual.numel())
+
+
+# --- launches -----------------------------------------------------------------------------------------
+def _nonfinite_into(flag: torch.Tensor, tensors: list[torch.Tensor]) -> None:
+    block = _common.BLOCK
+    for t in tensors:
+        if t.numel() == 0 or not t.dtype.is_floating_point:
+            continue
+        flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
+        _nonfinite_kernel[(blocks(flat.numel(), block),)](
+            flat, flat.numel(), flag, NAN_KEY=nan_key(flat.dtype), BLOCK=block)
+
+
+class _Selection:
+    """Device buffers and launch arguments of one accumulate_select."""
+
+    def __init__(self, residual: torch.Tensor, lo: int, hi: int, threshold: float,
+                 probes: list[float], every: int):
+        self.lo, self.hi, self.length = lo, hi, hi - lo
+        self.num_blocks = blocks(self.length, _common.BLOCK)
+        self.key = threshold_key(threshold, residual.dtype)
+        self.probe_keys = [threshold_key(p, residual.dtype) for p in probes]
+        shape = sample_shape(self.length, every)
+        if shape is None:
+            self.sample = (self.length, max(self.length, 1), 1)
+            self.sample_numel = self.length
+        else:
+            rows, row_len = shape
+            self.sample = (rows * row_len, row_len, every)
+            self.sample_numel = -(-rows // every) * row_len
+        # [skip flag, probe counts...] in one buffer: one host copy reads them with the total.
+        self.scalars = torch.zeros(1 + len(probes), dtype=torch.int64, device=residual.device)
+        self.counts = torch.zeros(self.num_blocks, dtype=torch.int32, device=residual.device)
+
+    def probe_args(self, first: int) -> tuple[list[int], int]:
+        """The four probe-key arguments from probe ``first`` on, and how many are real."""
+        keys = self.probe_keys[first:first + FUSED_PROBES]
+        return keys + [0] * (FUSED_PROBES - len(keys)), len(keys)
+
+    def probe_counts(self, counts: list[int]) -> list[float]:
+        """Scaled exactly as the reference count_at_least scales its sample."""
+        return [float(c) * self.length / self.sample_numel if self.sample_numel else 0.0
+                for c in counts]
+
+
+def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
+                     skip: torch.Tensor | None, selection: _Selection | None) -> None:
+    block = _common.BLOCK
+    nan = nan_key(residual.dtype)
+    lo = selection.lo if selection is not None else 0
+    hi = selection.hi if selection is not None else 0
+    num_blocks = selection.num_blocks if selection is not None else 0
+    if selection is not None:
+        probe_keys, fused = selection.probe_args(0)
+        counts, probe_counts = selection.counts, selection.scalars[1:]
+        key, sample = selection.key, selection.sample
+    else:
+        probe_keys, fused, key, sample = [0] * FUSED_PROBES, 0, 0, (0, 1, 1)
+        counts = probe_counts = residual   # not read (SELECT is off)
+    gate = skip if skip is not None else residual
+    offset = 0
+    for t in tensors:
+        n = t.numel()
+        if n == 0:
+            continue
+        contiguous = t.is_contiguous()
+        source = t.reshape(-1) if contiguous else t.contiguous().reshape(-1)
+        first = (offset - lo) // block
+        last = (offset + n - 1 - lo) // block
+        _accumulate_kernel[(last - first + 1,)](
+            residual, source, offset, n, lo, hi, first, num_blocks, gate, counts, probe_counts,
+            key, *probe_keys, *sample,
+            SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
+            CLEAR=clear_inputs and contiguous,
+            WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
+            NAN_KEY=nan, BLOCK=block)
+        if clear_inputs and not contiguous:  # the kernel zeroed a copy: zero the tensor itself
+            if skip is None:
+                t.zero_()
+            else:
+                t.masked_fill_(skip == 0, 0)
+        offset += n
+    if selection is not None:
+        for first in range(FUSED_PROBES, len(selection.probe_keys), FUSED_PROBES):
+            probe_keys, count = selection.probe_args(first)
+            _count_kernel[(selection.num_blocks,)](
+                residual, lo, hi, selection.scalars[1 + first:], *probe_keys, *sample,
+                NUM_PROBES=count, NAN_KEY=nan, BLOCK=block)
+
+
+def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
+            threshold: float, probes: list[float], every: int, index_dtype: torch.dtype,
+            clear_inputs: bool, check_finite: bool) -> tuple[bool, torch.Tensor, list[float]] | None:
+    if not (_residual_supported(residual, tensors) and index_dtype in INDICES
+            and 0 <= lo <= hi <= residual.numel()
+            and (index_dtype == torch.int64 or hi <= torch.iinfo(torch.int32).max)):
+        return None
+    selection = _Selection(residual, lo, hi, threshold, list(probes), every)
+    skip = None
+    if check_finite:
+        skip = selection.scalars[:1]
+        _nonfinite_into(skip, tensors)
+    _accumulate_into(residual, tensors, clear_inputs, skip, selection)
+    ends = torch.cumsum(selection.counts, 0)
+    head = torch.cat([selection.scalars, ends[-1:]]) if selection.num_blocks else selection.scalars
+    values = head.tolist()   # the one host synchronization
+    finite = values[0] == 0
+    total = values[-1] if selection.num_blocks and finite else 0
+    probe_counts = selection.probe_counts(values[1:1 + len(probes)] if finite else [0] * len(probes))
+    index = torch.empty(total, dtype=index_dtype, device=residual.device)
+    if total:
+        _compact_kernel[(selection.num_blocks,)](
+            residual, lo, hi, ends, index, selection.key,
+            NAN_KEY=nan_key(residual.dtype), BLOCK=_common.BLOCK)
+    return finite, index, probe_counts
+
+
+# --- the ops ---------------------------------------------------------------------------------------
+def finite_flag(tensors: list[torch.Tensor]) -> torch.Tensor | None:
+    """Device int64 [1]: 0 when no tensor holds NaN/Inf, else 1. No host synchronization."""
+    if not tensors or not same_device(tensors, tensors[0].device):
+        return None
+    flag = torch.zeros(1, dtype=torch.int64, device=tensors[0].device)
+    _nonfinite_into(flag, tensors)
+    return flag
+
+
+def all_finite(tensors: list[torch.Tensor]) -> bool | None:
+    """Whether no tensor holds NaN or Inf (one host synchronization)."""
+    if not tensors:
+        return True
+    flag = finite_flag(tensors)
+    return None if flag is None else int(flag.item()) == 0
+
+
+def accumulate(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
+               skip_if: torch.Tensor | None = None) -> bool | None:
+    """residual += concat(flattened tensors), as the reference adds slice by slice; with
+    ``clear_inputs`` the inputs are zeroed in the same pass. With ``skip_if`` (a device flag such
+    as ``finite_flag``'s), nothing is written when the flag is nonzero. No host synchronization."""
+    if not _residual_supported(residual, tensors):
+        return None
+    _accumulate_into(residual, tensors, clear_inputs, skip_if, None)
+    return True
+
+
+def accumulate_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor],
+                         clear_inputs: bool) -> torch.Tensor | None:
+    """``accumulate`` only when every input is finite, decided on the device: returns the
+    device flag (nonzero: not finite, nothing was written) for the caller to read together with
+    its step's one synchronization. No host synchronization here."""
+    if not _residual_supported(residual, tensors):
+        return None
+    flag = torch.zeros(1, dtype=torch.int64, device=residual.device)
+    _nonfinite_into(flag, tensors)
+    _accumulate_into(residual, tensors, clear_inputs, flag, None)
+    return flag
+
+
+def accumulate_select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
+                      threshold: float, probes: list[float], every: int,
+                      index_dtype: torch.dtype, clear_inputs: bool
+                      ) -> tuple[torch.Tensor, list[float]] | None:
+    """``accumulate``, then the ascending indices i in [lo, hi) with |a_i| >= threshold and the
+    probe counts of count_at_least(|a[lo:hi]|, probes, every). One host synchronization."""
+    result = _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
+                     clear_inputs, check_finite=False)
+    return None if result is None else result[1:]
+
+
+def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int,
+                                hi: int, threshold: float, probes: list[float], every: int,
+                                index_dtype: torch.dtype, clear_inputs: bool
+                                ) -> tuple[bool, torch.Tensor, list[float]] | None:
+    """(finite, idx, probe_counts): the finite check, ``accumulate_select`` and the read of both
+    in ONE host synchronization. When an input holds NaN/Inf nothing is written (residual and
+    inputs keep their values), idx is empty and the counts are 0."""
+    return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
+                   clear_inputs, check_finite=True)

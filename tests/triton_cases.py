@@ -1,0 +1,380 @@
+"""Cases for the Triton kernels (hvd_sparse.kernels.triton): the reference path's results, bit
+for bit. Collected by tests/unit/test_triton_kernels.py, which runs them on CUDA tensors where a
+GPU is present and otherwise in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) in a
+child pytest, since Triton must be imported with that variable set and it must stay set while
+interpreted kernels run. Blocks are shrunk so that a few thousand elements span many blocks,
+loop iterations and tensor borders.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+if not INTERPRETED and not torch.cuda.is_available():
+    raise RuntimeError("the Triton kernel cases need a CUDA GPU or TRITON_INTERPRET=1 set before "
+                       "Triton is imported (tests/unit/test_triton_kernels.py sets it)")
+
+import hvd_sparse.kernels.triton as kt  # noqa: E402
+from hvd_sparse.kernels.triton import _common as common  # noqa: E402
+
+from hvd_sparse import kernels  # noqa: E402
+from hvd_sparse.backends.torch_backend import TorchBackend  # noqa: E402
+
+DEVICE = "cpu" if INTERPRETED else "cuda"
+MODULE = "hvd_sparse.kernels.triton"
+REF = TorchBackend()
+FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
+KINDS = ["random", "heavy", "equal", "zero", "nonfinite"]
+
+
+@pytest.fixture(autouse=True)
+def reference_without_kernels():
+    """The reference (the torch backend) runs its own ops, not these kernels or the CPU ones."""
+    previous = kernels.mode()
+    kernels.set_mode("off")
+    yield
+    kernels.set_mode(previous)
+
+
+@pytest.fixture(autouse=True)
+def small_blocks(monkeypatch):
+    """128 elements per block and at most 3 histogram programs: many blocks, several loop
+    iterations per program, blocks that straddle tensor borders."""
+    monkeypatch.setattr(common, "BLOCK", 128)
+    monkeypatch.setattr(common, "HISTOGRAM_PROGRAMS", 3)
+
+
+def values(kind: str, n: int, dtype: torch.dtype, seed: int) -> torch.Tensor:
+    rng = np.random.default_rng(seed)
+    if kind == "random":
+        x = rng.standard_normal(n)
+    elif kind == "heavy":   # Student-t tails over 8 "layers" of very different scale
+        x = rng.standard_t(2, n) * np.exp(3 * rng.standard_normal(8)).repeat(-(-n // 8))[:n]
+    elif kind == "equal":   # one magnitude, both signs: every entry ties
+        x = np.where(rng.random(n) < 0.5, -0.75, 0.75)
+    elif kind == "zero":
+        x = np.where(rng.random(n) < 0.5, -0.0, 0.0)
+    elif kind == "nonfinite":
+        x = rng.standard_normal(n)
+        bad = min(n, max(n // 20, 3))
+        x[rng.choice(n, size=bad, replace=False)] = rng.choice([np.nan, np.inf, -np.inf], size=bad)
+    else:
+        raise ValueError(kind)
+    return torch.from_numpy(x).to(dtype).to(DEVICE)
+
+
+def bucket(kind: str, seed: int, dtypes=(torch.float16, torch.bfloat16, torch.float32, torch.float64)
+           ) -> list[torch.Tensor]:
+    """Gradients of every input dtype, one non-contiguous (a transpose) and one empty."""
+    d16, b16, f32, f64 = dtypes
+    return [values(kind, 63, d16, seed).reshape(7, 9),
+            values(kind, 600, b16, seed + 1).reshape(30, 20).t(),
+            values(kind, 0, f32, seed + 2),
+            values(kind, 901, f32, seed + 3),
+            values(kind, 1400, f64, seed + 4).reshape(2, 700)]
+
+
+def bits(x: torch.Tensor) -> torch.Tensor:
+    """The raw bits, so that NaN payloads and -0 count in comparisons."""
+    ints = {2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return x.contiguous().view(ints[x.element_size()])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and torch.equal(bits(a), bits(b))
+
+
+def clones(tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """Copies with the same strides (a transpose stays non-contiguous)."""
+    return [t.clone(memory_format=torch.preserve_format) for t in tensors]
+
+
+def residual_for(tensors, dtype, seed):
+    return values("random", sum(t.numel() for t in tensors), dtype, seed)
+
+
+# --- all_finite ----------------------------------------------------------------------------------
+@pytest.mark.parametrize("kind", KINDS)
+def test_all_finite(kind):
+    tensors = bucket(kind, 1)
+    expected = all(REF.all_finite(t) for t in tensors)
+    assert expected == (kind != "nonfinite")
+    assert kt.all_finite(tensors) is expected
+    assert int(kt.finite_flag(tensors).item()) == (0 if expected else 1)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+@pytest.mark.parametrize("special", [float("nan"), float("inf"), float("-inf")])
+def test_all_finite_finds_one_bad_entry_anywhere(dtype, special):
+    for where in (0, 129, 299):   # first block, a later one, the last entry
+        grid = values("random", 300, dtype, 1).reshape(20, 15)
+        grid.view(-1)[where] = special
+        tensors = [values("random", 40, dtype, 0), grid.t()]   # the second non-contiguous
+        assert not REF.all_finite(grid)
+        assert kt.all_finite(tensors) is False
+        assert int(kt.finite_flag(tensors).item()) == 1
+    assert kt.all_finite([values("random", 5, dtype, 2)]) is True
+    assert kt.all_finite([]) is True
+
+
+# --- accumulate ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("kind", ["random", "heavy", "nonfinite"])
+@pytest.mark.parametrize("clear_inputs", [False, True])
+def test_accumulate(residual_dtype, kind, clear_inputs):
+    tensors = bucket(kind, 3)
+    residual = residual_for(tensors, residual_dtype, 4)
+    expected = REF.accumulate(residual.clone(), clones(tensors))
+    inputs = clones(tensors)
+    assert kt.accumulate(residual, inputs, clear_inputs) is True
+    assert same_bits(residual, expected)
+    for before, after in zip(tensors, inputs, strict=True):
+        assert after.stride() == before.stride()
+        assert same_bits(after, torch.zeros_like(before) if clear_inputs else before)
+
+
+def test_accumulate_rounds_fp64_inputs_once_into_fp32():
+    """fp64 gradient into an fp32 residual: torch adds in fp64 and rounds once."""
+    g = torch.tensor([1.0, 2.0**-24 + 2.0**-50, -(2.0**-25)], dtype=torch.float64, device=DEVICE)
+    residual = torch.tensor([1.0, 1.0, 1.0], dtype=torch.float32, device=DEVICE)
+    expected = REF.accumulate(residual.clone(), [g])
+    kt.accumulate(residual, [g.clone()], False)
+    assert same_bits(residual, expected)
+    assert residual[1].item() == 1.0 + 2.0**-23   # a double rounding would give 1.0
+
+
+@pytest.mark.parametrize("clear_inputs", [False, True])
+def test_accumulate_if_finite(clear_inputs):
+    for kind in ("random", "nonfinite"):
+        tensors = bucket(kind, 5)
+        residual = residual_for(tensors, torch.float32, 6)
+        before = residual.clone()
+        inputs = clones(tensors)
+        flag = kt.accumulate_if_finite(residual, inputs, clear_inputs)
+        if kind == "random":
+            assert int(flag.item()) == 0
+            assert same_bits(residual, REF.accumulate(before.clone(), clones(tensors)))
+            for t, x in zip(tensors, inputs, strict=True):
+                assert same_bits(x, torch.zeros_like(t) if clear_inputs else t)
+        else:   # nothing written: residual and inputs as they were
+            assert int(flag.item()) == 1
+            assert same_bits(residual, before)
+            for t, x in zip(tensors, inputs, strict=True):
+                assert same_bits(x, t)
+
+
+# --- accumulate_select -----------------------------------------------------------------------------
+def reference_select(residual, tensors, lo, hi, threshold, probes, every, index_dtype):
+    a = REF.accumulate(residual.clone(), clones(tensors))
+    magnitude = REF.abs(a[lo:hi])
+    idx = REF.indices_where_at_least(magnitude, threshold, offset=lo).to(index_dtype)
+    # An empty range has no entry at any probe (the torch backend divides 0 by 0 there; the
+    # NumPy backend says 0.0).
+    counts = REF.count_at_least(magnitude, probes, every) if hi > lo else [0.0] * len(probes)
+    return a, idx, counts
+
+
+RANGES = {"full": (0, None), "empty": (700, 700), "inner": (131, 2300), "tail": (2000, None),
+          "one": (1000, 1001)}
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("span", list(RANGES))
+def test_accumulate_select(kind, residual_dtype, span):
+    tensors = bucket(kind, 7)
+    residual = residual_for(tensors, residual_dtype, 8)
+    if kind in ("equal", "zero"):   # keep the ties and the signed zeros in a = e + g
+        residual.zero_()
+    n = residual.numel()
+    lo, hi = RANGES[span]
+    hi = n if hi is None else hi
+    index_dtype = torch.int32 if span in ("full", "empty", "one") else torch.int64
+    clear_inputs = span != "inner"
+    threshold = 0.75 if kind == "equal" else 1.3
+    probes = [threshold / 2, threshold * 2]
+    expected, expected_idx, expected_counts = reference_select(
+        residual, tensors, lo, hi, threshold, probes, 1, index_dtype)
+    inputs = clones(tensors)
+    idx, counts = kt.accumulate_select(residual, inputs, lo, hi, threshold, probes, 1,
+                                       index_dtype, clear_inputs)
+    assert same_bits(residual, expected)
+    assert idx.dtype == index_dtype and torch.equal(idx, expected_idx)
+    assert counts == expected_counts
+    if kind == "equal" and hi > lo:
+        assert idx.numel() == hi - lo   # every tie passes a threshold equal to the magnitude
+    for t, x in zip(tensors, inputs, strict=True):
+        assert same_bits(x, torch.zeros_like(t) if clear_inputs else t)
+
+
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("threshold", [0.0, -1.0, -0.0, float("inf"), float("nan"), 1e39,
+                                       1.0 + 2.0**-24, 1.0 + 2.0**-23, 5e-324, 1e-45])
+def test_select_thresholds_round_like_the_reference(residual_dtype, threshold):
+    """Rounding to the residual's dtype (1 + 2**-24 is 1.0 in fp32), overflow to Inf (1e39 in
+    fp32), thresholds <= 0 (everything but NaN), NaN (nothing), subnormals."""
+    tensors = [values("nonfinite", 500, torch.float32, 9),
+               torch.tensor([1.0, -1.0, 1.0 + 2.0**-23, 1e-45, 0.0, -0.0], device=DEVICE,
+                            dtype=residual_dtype)]
+    residual = torch.zeros(506, dtype=residual_dtype, device=DEVICE)
+    probes = [threshold, 1.0 + 2.0**-24, 1e39]
+    with np.errstate(over="ignore"):
+        expected, expected_idx, expected_counts = reference_select(
+            residual, tensors, 0, 506, threshold, probes, 1, torch.int64)
+    idx, counts = kt.accumulate_select(residual, clones(tensors), 0, 506, threshold, probes, 1,
+                                       torch.int64, False)
+    assert same_bits(residual, expected)
+    assert torch.equal(idx, expected_idx)
+    assert counts == expected_counts
+
+
+@pytest.mark.parametrize("every", [2, 8])
+@pytest.mark.parametrize("span", ["full", "inner"])
+def test_probe_counts_on_the_sampled_sub_range(every, span, monkeypatch):
+    """every > 1: count_at_least reads 64 evenly spaced runs (1/every of the range) and scales
+    the count; the fused pass counts on exactly those positions. Five probes: one more than the
+    fused pass takes, so the extra counting pass runs too."""
+    monkeypatch.setattr(common, "BLOCK", 512)   # 12001 elements: fewer interpreted programs
+    tensors = [values("heavy", 9000, torch.float32, 10), values("heavy", 3001, torch.float16, 11)]
+    residual = residual_for(tensors, torch.float32, 12)
+    lo, hi = (0, 12001) if span == "full" else (77, 9999)
+    probes = [0.1, 0.5, 1.0, 2.0, 4.0]
+    expected, expected_idx, expected_counts = reference_select(
+        residual, tensors, lo, hi, 1.0, probes, every, torch.int32)
+    idx, counts = kt.accumulate_select(residual, clones(tensors), lo, hi, 1.0, probes, every,
+                                       torch.int32, True)
+    assert same_bits(residual, expected)
+    assert torch.equal(idx, expected_idx)
+    assert counts == expected_counts
+
+
+def test_probe_counts_sampled_range_too_short_is_counted_whole():
+    tensors = [values("random", 1500, torch.float32, 13)]
+    residual = residual_for(tensors, torch.float64, 14)
+    expected = reference_select(residual, tensors, 0, 1500, 1.0, [0.5, 3.0], 8, torch.int64)
+    _, counts = kt.accumulate_select(residual, clones(tensors), 0, 1500, 1.0, [0.5, 3.0], 8,
+                                     torch.int64, False)
+    assert counts == expected[2]
+
+
+def test_select_without_probes():
+    tensors = [values("random", 700, torch.float32, 15)]
+    residual = residual_for(tensors, torch.float32, 16)
+    expected = reference_select(residual, tensors, 5, 690, 0.5, [], 1, torch.int32)
+    idx, counts = kt.accumulate_select(residual, clones(tensors), 5, 690, 0.5, [], 1, torch.int32,
+                                       False)
+    assert counts == [] and torch.equal(idx, expected[1])
+
+
+@pytest.mark.parametrize("kind", ["random", "nonfinite"])
+def test_accumulate_select_if_finite(kind):
+    tensors = bucket(kind, 17)
+    residual = residual_for(tensors, torch.float32, 18)
+    before = residual.clone()
+    inputs = clones(tensors)
+    finite, idx, counts = kt.accumulate_select_if_finite(residual, inputs, 100, 2500, 1.0,
+                                                         [0.5, 2.0], 1, torch.int32, True)
+    if kind == "random":
+        expected, expected_idx, expected_counts = reference_select(
+            before, tensors, 100, 2500, 1.0, [0.5, 2.0], 1, torch.int32)
+        assert finite is True
+        assert same_bits(residual, expected) and torch.equal(idx, expected_idx)
+        assert counts == expected_counts
+        assert all(same_bits(x, torch.zeros_like(t)) for t, x in zip(tensors, inputs, strict=True))
+    else:
+        assert finite is False
+        assert same_bits(residual, before) and idx.numel() == 0 and idx.dtype == torch.int32
+        assert counts == [0.0, 0.0]
+        assert all(same_bits(x, t) for t, x in zip(tensors, inputs, strict=True))
+
+
+def test_select_at_default_block_size(monkeypatch):
+    """The shipped launch sizes, not only the shrunk ones."""
+    monkeypatch.setattr(common, "BLOCK", 1024)
+    tensors = [values("heavy", 2500, torch.float32, 19), values("heavy", 3000, torch.bfloat16, 20)]
+    residual = residual_for(tensors, torch.float32, 21)
+    expected = reference_select(residual, tensors, 1000, 5400, 0.8, [0.4, 1.6], 1, torch.int32)
+    idx, counts = kt.accumulate_select(residual, clones(tensors), 1000, 5400, 0.8, [0.4, 1.6], 1,
+                                       torch.int32, True)
+    assert same_bits(residual, expected[0]) and torch.equal(idx, expected[1])
+    assert counts == expected[2]
+
+
+# --- topk_abs ----------------------------------------------------------------------------------------
+def reference_topk(x, k, index_dtype):
+    return REF.topk_abs_indices(x, k).to(index_dtype)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_topk_abs(kind, dtype):
+    x = values(kind, 900, dtype, 22)
+    n = x.numel()
+    for k, index_dtype in [(0, torch.int32), (1, torch.int64), (131, torch.int32),
+                           (n - 1, torch.int64), (n, torch.int32)]:
+        idx = kt.topk_abs(x, k, index_dtype)
+        assert idx.dtype == index_dtype and idx.numel() == k
+        assert torch.equal(idx, reference_topk(x, k, index_dtype)), (kind, dtype, k)
+
+
+@pytest.mark.parametrize("dtype", FLOATS)
+def test_topk_abs_order_and_ties(dtype):
+    """NaN above +Inf above everything; -0 == +0; ties at the k-th magnitude to the lowest
+    indices; a non-contiguous input is read in its logical (flattened) order."""
+    x = torch.tensor([0.5, -0.0, float("nan"), -0.5, 0.0, float("-inf"), 0.5, -float("nan"), 0.25,
+                      0.0], dtype=dtype, device=DEVICE)
+    assert kt.topk_abs(x, 1, torch.int64).tolist() == [2]
+    assert kt.topk_abs(x, 2, torch.int64).tolist() == [2, 7]
+    assert kt.topk_abs(x, 3, torch.int64).tolist() == [2, 5, 7]
+    assert kt.topk_abs(x, 5, torch.int64).tolist() == [0, 2, 3, 5, 7]
+    assert kt.topk_abs(x, 7, torch.int64).tolist() == [0, 2, 3, 5, 6, 7, 8]
+    assert kt.topk_abs(x, 8, torch.int64).tolist() == [0, 1, 2, 3, 5, 6, 7, 8]   # -0 first
+    grid = values("equal", 800, dtype, 23).reshape(40, 20).t()   # non-contiguous, all tied
+    for k in (1, 129, 799):
+        assert torch.equal(kt.topk_abs(grid, k, torch.int64), torch.arange(k, device=DEVICE))
+    heavy = values("heavy", 1200, dtype, 24).reshape(30, 40)[:, ::2]   # a strided view
+    assert torch.equal(kt.topk_abs(heavy, 100, torch.int32), reference_topk(heavy, 100, torch.int32))
+
+
+def test_topk_abs_tiny_and_empty():
+    empty = torch.zeros(0, device=DEVICE)
+    assert kt.topk_abs(empty, 0, torch.int64).numel() == 0
+    one = torch.tensor([-3.0], device=DEVICE)
+    assert kt.topk_abs(one, 1, torch.int32).tolist() == [0]
+    pair = torch.tensor([1.0, -2.0], device=DEVICE, dtype=torch.float64)
+    assert kt.topk_abs(pair, 1, torch.int32).tolist() == [1]
+
+
+# --- what the kernels leave to the reference path --------------------------------------------------
+def test_unsupported_arguments_return_none():
+    g = [values("random", 10, torch.float32, 25)]
+    assert kt.accumulate(torch.zeros(10, dtype=torch.float16, device=DEVICE), g, False) is None
+    assert kt.accumulate(torch.zeros(20, device=DEVICE)[::2], g, False) is None   # strided
+    assert kt.accumulate(torch.zeros(11, device=DEVICE), g, False) is None          # size mismatch
+    assert kt.accumulate(torch.zeros(10, device=DEVICE),
+                         [torch.ones(10, dtype=torch.int32, device=DEVICE)], False) is None
+    assert kt.accumulate_select(torch.zeros(10, device=DEVICE), g, 0, 10, 1.0, [], 1,
+                                torch.int16, False) is None
+    assert kt.accumulate_select(torch.zeros(10, device=DEVICE), g, 5, 11, 1.0, [], 1,
+                                torch.int32, False) is None
+    assert kt.topk_abs(torch.ones(4, dtype=torch.int32, device=DEVICE), 2, torch.int64) is None
+    assert kt.topk_abs(torch.ones(4, device=DEVICE), 5, torch.int64) is None
+    assert kt.topk_abs(torch.ones(4, device=DEVICE), 2, torch.float32) is None
+
+
+def test_missing_triton_raises_kernel_unavailable(monkeypatch):
+    """Without Triton the module refuses to import with the loader's KernelUnavailable, naming
+    the fix; the loader turns that into one warning and the reference path."""
+    from hvd_sparse.kernels import KernelUnavailable
+    for name in [name for name in sys.modules if name.startswith(MODULE)]:
+        monkeypatch.delitem(sys.modules, name)
+    monkeypatch.setitem(sys.modules, "triton", None)
+    with pytest.raises(KernelUnavailable, match="Triton is not installed"):
+        importlib.import_module(MODULE)
