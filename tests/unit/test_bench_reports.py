@@ -100,16 +100,28 @@ def test_report_groups_targets_and_explains_misses(tmp_path):
 def test_selection_targets_are_judged_by_the_benchmark_itself():
     import bench_select
 
-    def row(n, size, exdyna, select, topk=None):
-        methods = {"exdyna": {"seconds": exdyna, "select_seconds": select, "over_floor": exdyna / 0.01}}
+    def figures(seconds, select=0.0):
+        return {"seconds": seconds, "select_seconds": select, "over_floor": seconds / 0.01}
+
+    def row(n, size, exdyna, select, topk=None, exdyna_off=0.03):
+        methods = {"exdyna": {**figures(exdyna, select), "kernels": {
+            "on": figures(exdyna, select), "off": figures(exdyna_off, select)}}}
         if topk:
-            methods["topk"] = {"seconds": topk, "over_floor": topk / 0.01}
+            methods["topk"] = {**figures(topk), "kernels": {"on": figures(topk), "off": figures(10 * topk)}}
         return {"n": n, "world_size": size, "floor_seconds": 0.01, "methods": methods}
 
-    result = {"sizes": [row(25_000_000, 4, 0.02, 0.005, topk=0.3)],
+    result = {"sizes": [row(25_000_000, 4, 0.012, 0.005, topk=0.05), row(10**8, 4, 0.014, 0.005)],
               "world_sizes": [row(10**8, 1, 0.2, 0.16), row(10**8, 8, 0.05, 0.045)],
-              "memory_copies_per_rank": 3.5}
-    met = {t["target"].split()[1]: t["met"] for t in bench_select.judge(result)}
-    assert met == {"per-rank": True, "selection": False, "memory": False}   # 0.28 > 2 x 1/8
+              "memory_copies_per_rank": 2.5, "memory_copies_by_kernels": {"on": 2.5, "off": 2.4}}
+    def key(target):
+        words = target.split()
+        return "memory" if "memory" in words else "selection" if "selection" in words else \
+            f"{words[0]} {next(w for w in words if w.endswith('M'))}"
+
+    verdicts = {key(t["target"]): t["met"] for t in bench_select.judge(result)}
+    assert verdicts == {"exdyna 25M": True, "topk 25M": False,       # 1.2x; 5x > 4x
+                        "exdyna 100M": False,                        # 1.4x > 1.3x
+                        "selection": False, "memory": False}         # 0.28 > 2 x 1/8; 2.5 > 2
+    assert "kernels off 3.00×" in bench_select.judge(result)[0]["figure"]
     result["world_sizes"][1] = row(10**8, 8, 0.05, 0.02)
-    assert [t["met"] for t in bench_select.judge(result)][1]
+    assert [t["met"] for t in bench_select.judge(result)][3]
