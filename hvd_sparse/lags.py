@@ -1,4 +1,4 @@
-"""LAGS-SGD tools that need no framework: the assumption check of ALGORITHMS.md 5.3 and the
+"""LAGS-SGD tools that need no framework: the assumption check (docs/algorithms.md#assumption-check) and the
 grouping and density rules (the method itself is ``hvd_sparse.torch.LAGS`` /
 ``hvd_sparse.tensorflow.LAGS``; its code lives in ``hvd_sparse/algorithms/lags.py``)."""
 

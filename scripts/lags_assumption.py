@@ -1,4 +1,4 @@
-"""Check LAGS-SGD's convergence assumption (ALGORITHMS.md 5.3) on a real model.
+"""Check LAGS-SGD's convergence assumption (docs/algorithms.md#assumption-check) on a real model.
 
 Trains a small CNN on scikit-learn's digits with LAGS-SGD on N simulated workers -- hvd_sparse's
 engine over ``LocalGroup`` with the PyTorch backend, the code a Horovod job runs, in one process

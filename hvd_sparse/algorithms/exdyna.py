@@ -1,4 +1,4 @@
-"""ExDyna (ALGORITHMS.md §2): MiCRO's exclusive rotating partitions, made of fixed-size blocks
+"""ExDyna (docs/algorithms.md#exdyna): MiCRO's exclusive rotating partitions, made of fixed-size blocks
 whose boundaries move to balance the ranks' selection loads.
 
 Paper mode reproduces the authors' code: the flat vector is cut into 1024 blocks of
@@ -17,8 +17,8 @@ Named options (off in paper mode):
   r+1 (mpi4py ``Sendrecv`` under an MPI job, a Horovod alltoall with neighbour-only splits under
   Gloo): O(1) messages per rank whatever N is. Red-black activation (boundary p|p+1 only when
   p ≡ t mod 2) keeps two moves from meeting in one partition; after deciding, each rank hands its
-  partition's new range to rank r-1, which owns it next step (§2.3.2). Jacobi-style, so it is not
-  bit-identical to the sweep; it converges at about half the speed.
+  partition's new range to rank r-1, which owns it next step. Jacobi-style, so it is not
+  bit-identical to the sweep; it converges at about half the speed (docs/algorithms.md#neighbour-rebalancing).
 * ``rebalance="histogram"``: every rank also reads the per-block counts off the gathered indices
   (no message), keeps a decaying average of them (``histogram_decay``, default 0.8) and places
   the boundaries where the cumulative load crosses p/N of the total, at least one block per
@@ -100,7 +100,7 @@ def boundary_move(load_left: int, load_right: int, mean: int, over: Fraction, un
 
 def sweep(blocks: list[int], loads: list[int], union: int, n: int, block: int, num_blocks: int,
           over: Fraction, under: Fraction) -> tuple[list[int], int]:
-    """The paper's left-to-right sweep (§2.3.1): at most one block across each boundary, the
+    """The paper's left-to-right sweep (docs/algorithms.md#the-sweep): at most one block per boundary, the
     predicted loads updated after each move. Returns the new blocks per partition and the number
     of boundaries moved."""
     size = len(blocks)
@@ -147,7 +147,7 @@ def neighbour_update(partition: int, step: int, first_block: int, blocks: int, c
                      left: tuple[int, int] | None, right: tuple[int, int] | None, union: int,
                      num_blocks: int, size: int, over: Fraction, under: Fraction
                      ) -> tuple[int, int, int]:
-    """One rank's side of the red-black rebalance (§2.3.2): its partition's new
+    """One rank's side of the red-black rebalance (docs/algorithms.md#neighbour-rebalancing): its new
     (first block, blocks) and whether it moved a boundary. ``left``/``right`` are the
     (count, blocks) of partitions p-1 and p+1, or None at the ends."""
     mean = union // size
@@ -281,7 +281,7 @@ class ExDyna(MiCRO):
     def _neighbour_rebalance(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
         """Decide the boundaries of the partition this rank owned at t-1 with its neighbours'
         counts, hand the new range to rank r-1 (its owner at t) and take partition p+1's from
-        rank r+1 (§2.3.2)."""
+        rank r+1 (docs/algorithms.md#neighbour-rebalancing)."""
         b, size, layout = ctx.backend, ctx.size, control.layout
         previous = owned_partition(ctx.rank, ctx.step - 1, size)
         first, blocks = layout["own"]

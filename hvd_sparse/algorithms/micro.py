@@ -1,4 +1,4 @@
-"""MiCRO (ALGORITHMS.md §3): exclusive, rotating partitions with an online-scaled threshold.
+"""MiCRO (docs/algorithms.md#micro): exclusive, rotating partitions with an online-scaled threshold.
 
 The flat model vector is cut into N contiguous partitions; at step t rank r owns partition
 (t + r) mod N and sends every entry of its accumulated vector there with |a| >= λ (at least one:
@@ -9,7 +9,7 @@ allreduces its own values on the whole union and clears its residual there (the 
 λ is identical on every rank because it is driven only by global facts (the previous union
 size). Paper mode (the authors' final code, commit 3e050e3): λ0 = 1/(2√k), then λ ← λ·s(K_prev/k)
 with s = 1.005 above a 1.1 band, 1.00125 inside (0.909, 1.1] -- the code's 0.9987 branch inside the
-band can never run (P2) -- and 0.995 below. Options, off in paper mode:
+band can never run (docs/algorithms.md#dead-branch) -- and 0.995 below. Options, off in paper mode:
 
 * ``band="symmetric"``: inside the band, 1.00125 above target and 0.9987 below (what the dead
   branch presumably meant).
@@ -54,7 +54,7 @@ TRACKING_SAMPLE = 8                 # probes read 1/8 of the partition on large 
 
 
 def initial_threshold(k: int) -> float:
-    """λ0 = 1/(2√k), the hard-threshold heuristic (ALGORITHMS.md §6.4)."""
+    """λ0 = 1/(2√k), the hard-threshold heuristic (docs/algorithms.md#threshold)."""
     return 1.0 / (2.0 * math.sqrt(k))
 
 
@@ -91,7 +91,7 @@ def tracking_factor(union: int, k: int, below: float, above: float, bias: float)
 
 
 def owned_partition(rank: int, step: int, size: int) -> int:
-    """Rank r owns partition (t + r) mod N at step t (P6)."""
+    """Rank r owns partition (t + r) mod N at step t (docs/algorithms.md#rotation)."""
     return (step + rank) % size
 
 
@@ -252,6 +252,6 @@ class MiCRO(Algorithm):
 
 
 def imbalance(counts: np.ndarray) -> float:
-    """Padding waste of a padded index allgather: N·max(c) / Σc − 1 (ALGORITHMS.md §1.3)."""
+    """Padding waste of a padded index allgather: N·max(c) / Σc − 1 (docs/algorithms.md#metrics)."""
     total = int(np.sum(counts))
     return len(counts) * int(np.max(counts)) / total - 1.0 if total else 0.0

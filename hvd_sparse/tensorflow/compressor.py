@@ -1,9 +1,10 @@
 """The TensorFlow face: a Horovod ``Compressor`` that runs an hvd_sparse method.
 
 Horovod calls ``compress``/``decompress`` while it *traces* its gradient allreduce into a graph
-(``tf.function`` in eager mode, HOROVOD.md 1.4), so Python here runs once per trace, not once per
-step. The engine's step is ordinary eager Python, so it is embedded with ``tf.py_function``, which
-runs it every step; state (residuals, thresholds) stays in Python between steps.
+(``tf.function`` in eager mode: docs/architecture.md#tensorflow-face), so Python here runs once per
+trace, not once per step. The engine's step is ordinary eager Python, so it is embedded with
+``tf.py_function``, which runs it every step; state (residuals, thresholds) stays in Python
+between steps.
 
 * Scope "tensor": each gradient's step becomes py_function phases joined by Horovod graph ops
   (asynchronous kernels, named by the gradient's position), so tensors may complete in any order.
@@ -44,9 +45,10 @@ _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
 
 def _calling_allreduce_op(compressor: Any) -> Any:
     """The reduction op of the Horovod allreduce calling ``compressor.compress``, read from its
-    frame (Horovod passes the tensor alone, HOROVOD.md 1.4): the nearest caller whose locals hold
-    this compressor as ``compression`` and an ``op`` -- ``hvd.allreduce``/``grouped_allreduce``,
-    or the pieces AutoGraph makes of them inside ``tf.function``. None when called otherwise."""
+    frame (Horovod passes the tensor alone: docs/architecture.md#compressor-contract): the nearest
+    caller whose locals hold this compressor as ``compression`` and an ``op`` --
+    ``hvd.allreduce``/``grouped_allreduce``, or the pieces AutoGraph makes of them inside
+    ``tf.function``. None when called otherwise."""
     frame = sys._getframe(2)
     for _ in range(12):
         if frame is None:

@@ -2,7 +2,7 @@
 
 TF 2.21's default ``tf.keras`` is Keras 3. Horovod 0.28.1 predates it: its Keras
 ``DistributedOptimizer`` then runs ``model.fit`` without error but never synchronizes the
-weights (STACK.md). The supported way is tf-keras with ``TF_USE_LEGACY_KERAS=1`` set before
+weights (docs/architecture.md#keras). The supported way is tf-keras with ``TF_USE_LEGACY_KERAS=1`` set before
 TensorFlow is imported; everything here refuses Keras 3 with an error that says so.
 """
 

@@ -2,7 +2,7 @@
 
 Stock ``hvd.DistributedOptimizer`` calls ``compress(grad)`` once per gradient (in a backward
 hook) and allreduces whatever it returns, then calls ``decompress`` for each gradient when the
-optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without patching Horovod:
+optimizer steps (docs/architecture.md#pytorch-face). This class lives inside that contract unpatched:
 
 * ``compress`` returns a one-element placeholder (Horovod's allreduce of it is tiny and fused)
   and files the gradient into its bucket (algorithms/base.py ``plan``: per tensor, the whole
@@ -159,7 +159,7 @@ class SparseCompressor(FaceBase, Compressor):
     # --- internals --------------------------------------------------------------------------------
     def _calling_optimizer_op(self) -> Any:
         """The reduction op of the Horovod optimizer calling ``compress``, read from its frame:
-        Horovod passes the tensor alone (HOROVOD.md 1.3). None when called otherwise."""
+        Horovod passes the tensor alone (docs/architecture.md#compressor-contract). None otherwise."""
         frame = sys._getframe(2)
         for _ in range(4):  # compress <- [list comprehension <-] _(grouped_)allreduce_grad_async
             if frame is None:

@@ -44,7 +44,7 @@ NP = get_backend("numpy")
 OVER, UNDER = Fraction("1.05"), Fraction("0.95238")
 
 
-# --- the authors' numbers (ALGORITHMS.md §2.6) -----------------------------------------------------
+# --- the authors' numbers (docs/algorithms.md#sanity-numbers) --------------------------------------
 @pytest.mark.parametrize(("n", "block", "tail", "k", "lam", "shift"), [
     (11_173_962, 10_912, 74, 11_173, 4.730e-3, 10),       # ResNet-18 / CIFAR-10
     (11_220_132, 10_944, 13_476, 11_220, 4.720e-3, 10),   # ResNet-18 / CIFAR-100
@@ -84,7 +84,7 @@ def test_block_layout_always_covers_the_vector(n, size, blocks):
     assert block >= 1 and count >= size and tail >= 0 and count * block + tail == n
 
 
-# --- rotation (P6) -------------------------------------------------------------------------------
+# --- rotation (docs/algorithms.md#rotation-mapping) ----------------------------------------------
 def test_rank_owns_partition_t_plus_r_and_counts_map_back():
     size = 5
     for step in range(12):
@@ -97,7 +97,7 @@ def test_rank_owns_partition_t_plus_r_and_counts_map_back():
         assert [per_rank[r] for r in range(size)] == [per_partition[(step + r) % size] for r in range(size)]
 
 
-# --- the threshold rule (§2.4) -------------------------------------------------------------------
+# --- the threshold rule (docs/algorithms.md#threshold-scaling) -----------------------------------
 def test_paper_threshold_factor_and_its_dead_branch():
     k = 1000
     assert paper_factor(1101, k) == RAISE
@@ -105,12 +105,12 @@ def test_paper_threshold_factor_and_its_dead_branch():
     assert paper_factor(1000, k) == CREEP
     assert paper_factor(910, k) == CREEP           # 0.91 > 0.909
     assert paper_factor(909, k) == LOWER           # K/k = 0.909 exactly is below
-    assert paper_factor(950, k) == CREEP           # code band: raises even below target (P2)
+    assert paper_factor(950, k) == CREEP           # raises even below target: docs/algorithms.md#dead-branch
     assert paper_factor(950, k, band="symmetric") == DEAD
     assert paper_factor(1050, k, band="symmetric") == CREEP
 
 
-# --- the sweep (§2.3.1) ----------------------------------------------------------------------------
+# --- the sweep (docs/algorithms.md#the-sweep) ------------------------------------------------------
 def test_sweep_moves_one_block_from_overloaded_to_underloaded():
     blocks, moves = sweep([256, 256, 256, 256], [200, 100, 100, 100], union=500, n=32_768, block=32,
                           num_blocks=1024, over=OVER, under=UNDER)
@@ -307,7 +307,7 @@ def test_exclusive_selection_union_and_error_feedback(algorithm, size):
 
 
 def test_single_rank_counts_its_own_selection():
-    """P4: with one rank, K_prev is that rank's count, so the threshold does not decay forever."""
+    """With one rank K_prev is its count, so λ does not decay forever (docs/algorithms.md#single-rank)."""
     engine = Engine(MiCRO(0.1), NP, 0, 1)
     rng = np.random.default_rng(0)
     for _ in range(200):   # λ0 = 0.05 is far below |g| ~ 1: K/k stays > 1.1, λ rises 0.5% a step
