@@ -19,7 +19,6 @@ between steps.
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,26 +37,10 @@ from ..engine import Engine
 from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError, RankMismatchError
 from ..faces import FaceBase, refuse_reduction_op
+from .horovod_internals import calling_allreduce_op
 from .keras import refuse_keras3_under_horovod_keras
 
 _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
-
-
-def _calling_allreduce_op(compressor: Any) -> Any:
-    """The reduction op of the Horovod allreduce calling ``compressor.compress``, read from its
-    frame (Horovod passes the tensor alone: docs/architecture.md#compressor-contract): the nearest
-    caller whose locals hold this compressor as ``compression`` and an ``op`` --
-    ``hvd.allreduce``/``grouped_allreduce``, or the pieces AutoGraph makes of them inside
-    ``tf.function``. None when called otherwise."""
-    frame = sys._getframe(2)
-    for _ in range(12):
-        if frame is None:
-            return None
-        names = frame.f_locals
-        if names.get("compression") is compressor and "op" in names:
-            return names["op"]
-        frame = frame.f_back
-    return None
 
 
 @dataclass
@@ -95,7 +78,7 @@ class SparseCompressor(FaceBase, Compressor):
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
         # Everything that cannot work is refused here, at trace time, on every rank: no
         # collective of the step has run yet.
-        refuse_reduction_op(_calling_allreduce_op(self), hvd)
+        refuse_reduction_op(calling_allreduce_op(self), hvd)
         if tf.executing_eagerly():
             raise ConfigurationError(
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "
