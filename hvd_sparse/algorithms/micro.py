@@ -11,9 +11,9 @@ size). Paper mode (the authors' final code, commit 3e050e3): λ0 = 1/(2√k), th
 with s = 1.005 above a 1.1 band, 1.00125 inside (0.909, 1.1] -- the code's 0.9987 branch inside the
 band can never run (docs/algorithms.md#dead-branch) -- and 0.995 below. Options, off in paper mode:
 
-* ``band="symmetric"``: inside the band, 1.00125 above target and 0.9987 below (what the dead
-  branch presumably meant).
-* ``threshold="tracking"``: a controller that holds the density at target after a short warm-up
+* ``threshold_band="symmetric"``: inside the band, 1.00125 above target and 0.9987 below (what
+  the dead branch presumably meant).
+* ``threshold_scaling="tracking"``: a controller that holds the density at target after a short warm-up
   even when gradients shrink fast. Every rank also counts its partition's entries at λ/c and λ·c;
   the fractions ride on the step's existing value allreduce (no extra collective), so every rank
   knows the global local slope α = -dlnK/dlnλ and takes the same damped Newton step in log space,
@@ -33,10 +33,11 @@ from typing import Any
 
 import numpy as np
 
+from ..renamed import renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
 
-THRESHOLDS = ("paper", "tracking")
-BANDS = ("code", "symmetric")
+THRESHOLD_SCALINGS = ("paper", "tracking")
+THRESHOLD_BANDS = ("code", "symmetric")
 # The code's constants, kept exact (integer-safe comparisons: every rank decides identically).
 UPPER_BAND, LOWER_BAND = Fraction("1.1"), Fraction("0.909")
 RAISE, CREEP, LOWER, DEAD = 1.005, 1.00125, 0.995, 0.9987
@@ -137,8 +138,10 @@ class MiCRO(Algorithm):
 
     Args:
         density: target fraction of entries aggregated per step, in (0, 1].
-        threshold: "paper" (the code's multiplicative rule) or "tracking" (see module docstring).
-        band: "code" (paper mode, dead branch included) or "symmetric".
+        threshold_scaling: how λ is scaled online: "paper" (the code's multiplicative rule) or
+            "tracking" (see module docstring). Formerly ``threshold``.
+        threshold_band: the scaling rule's band, "code" (paper mode, dead branch included) or
+            "symmetric". Formerly ``band``.
     """
 
     name = "micro"
@@ -146,10 +149,13 @@ class MiCRO(Algorithm):
     scopes = (MODEL,)
     exclusive = True
 
-    def __init__(self, density: float = 0.001, *, threshold: str = "paper", band: str = "code"):
+    @renamed_options(threshold="threshold_scaling", band="threshold_band")
+    def __init__(self, density: float = 0.001, *, threshold_scaling: str = "paper",
+                 threshold_band: str = "code"):
         super().__init__(density)
-        self.threshold = check_choice("threshold", threshold, THRESHOLDS)
-        self.band = check_choice("band", band, BANDS)
+        self.threshold_scaling = check_choice("threshold_scaling", threshold_scaling,
+                                              THRESHOLD_SCALINGS)
+        self.threshold_band = check_choice("threshold_band", threshold_band, THRESHOLD_BANDS)
 
     # --- partitions (MiCRO: fixed equal chunks; ExDyna overrides) ------------------------------
     def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray:
@@ -177,7 +183,7 @@ class MiCRO(Algorithm):
         control.own = (lo, hi)
         control.used_threshold = control.threshold
         magnitude = b.abs(b.slice(acc, lo, hi))
-        if self.threshold == "tracking":
+        if self.threshold_scaling == "tracking":
             # The probes only feed a slope estimate: from 1/8 of the partition once the expected
             # local count is large enough for the sample to hold hundreds of entries.
             every = TRACKING_SAMPLE if control.k >= 1024 * ctx.size else 1
@@ -193,7 +199,7 @@ class MiCRO(Algorithm):
         return ctx.backend.arange(index, index + 1)
 
     def piggyback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
-        if self.threshold != "tracking":
+        if self.threshold_scaling != "tracking":
             return None
         return ctx.backend.from_numpy(control.probes.astype(np.float32))
 
@@ -206,12 +212,12 @@ class MiCRO(Algorithm):
         union = int(outcome.union_size)
         control.counts_prev = self.partition_counts(control, outcome, ctx)
         control.last_step = ctx.step
-        if self.threshold == "tracking" and outcome.piggyback is not None:
+        if self.threshold_scaling == "tracking" and outcome.piggyback is not None:
             below, above = (float(x) for x in outcome.piggyback)
             factor, control.bias = tracking_factor(union, control.k, below, above, control.bias)
             control.threshold *= factor
         else:
-            control.threshold *= paper_factor(union, control.k, self.band)
+            control.threshold *= paper_factor(union, control.k, self.threshold_band)
         control.union_prev = union
         return control
 

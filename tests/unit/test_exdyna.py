@@ -217,7 +217,7 @@ def test_histogram_rebalancer_follows_a_concentrated_load_faster_than_the_sweep(
     scale = np.where(np.arange(n) < n // 10, 1.0, 0.05).astype(np.float32)
     waste = {}
     for mode in ("exact", "histogram"):
-        engines = [Engine(ExDyna(0.01, rebalance=mode, threshold="tracking"), NP, r, size)
+        engines = [Engine(ExDyna(0.01, rebalance=mode, threshold_scaling="tracking"), NP, r, size)
                    for r in range(size)]
         imbalances = []
         for _ in range(60):
@@ -234,10 +234,10 @@ def test_histogram_rebalancer_follows_a_concentrated_load_faster_than_the_sweep(
 def test_configuration_errors_name_the_fix():
     with pytest.raises(ConfigurationError, match="rebalance must be one of"):
         ExDyna(0.01, rebalance="ring")
-    with pytest.raises(ConfigurationError, match="under_band < 1 < over_band"):
-        ExDyna(0.01, over_band="0.9")
-    with pytest.raises(ConfigurationError, match="threshold must be one of"):
-        MiCRO(0.01, threshold="exact")
+    with pytest.raises(ConfigurationError, match="underload_ratio < 1 < overload_ratio"):
+        ExDyna(0.01, overload_ratio="0.9")
+    with pytest.raises(ConfigurationError, match="threshold_scaling must be one of"):
+        MiCRO(0.01, threshold_scaling="exact")
     with pytest.raises(ConfigurationError, match="histogram_decay must be in"):
         ExDyna(0.01, rebalance="histogram", histogram_decay=1.0)
     engines = [Engine(ExDyna(0.01), NP, r, 300) for r in range(300)]
@@ -258,8 +258,8 @@ def test_auto_blocks_lift_the_256_rank_limit():
 
 # --- simulated ranks --------------------------------------------------------------------------------
 METHODS = [
-    MiCRO(0.02), MiCRO(0.02, threshold="tracking"), ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
-    ExDyna(0.02, threshold="tracking", band="symmetric"), ExDyna(0.02, rebalance="off"),
+    MiCRO(0.02), MiCRO(0.02, threshold_scaling="tracking"), ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
+    ExDyna(0.02, threshold_scaling="tracking", threshold_band="symmetric"), ExDyna(0.02, rebalance="off"),
     ExDyna(0.02, rebalance="histogram"),
 ]
 
@@ -317,7 +317,7 @@ def test_single_rank_counts_its_own_selection():
 
 @pytest.mark.parametrize("algorithm", [ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
                                        ExDyna(0.02, rebalance="histogram"),
-                                       MiCRO(0.02, threshold="tracking")], ids=repr)
+                                       MiCRO(0.02, threshold_scaling="tracking")], ids=repr)
 def test_checkpoint_resumes_with_identical_decisions(algorithm):
     size, rng = 3, np.random.default_rng(5)
     batches = [[[rng.standard_normal(3000).astype(np.float32)] for _ in range(size)] for _ in range(30)]
@@ -359,8 +359,8 @@ def digits_runs():
     pytest.importorskip("sklearn")
     runs = {}
     for name, algorithm in [("micro", MiCRO(0.01)), ("exdyna", ExDyna(0.01)),
-                            ("micro-tracking", MiCRO(0.01, threshold="tracking")),
-                            ("exdyna-tracking", ExDyna(0.01, threshold="tracking"))]:
+                            ("micro-tracking", MiCRO(0.01, threshold_scaling="tracking")),
+                            ("exdyna-tracking", ExDyna(0.01, threshold_scaling="tracking"))]:
         runs[name] = sim.simulate(algorithm, 4, 1000, task="digits-mlp")
     return runs
 
