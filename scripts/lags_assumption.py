@@ -33,10 +33,10 @@ from sklearn.model_selection import train_test_split
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results import pyplot, save
 
+from hvd_sparse.algorithms.lags import LAGS, AssumptionMonitor
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
-from hvd_sparse.lags import LAGS, AssumptionMonitor
 from hvd_sparse.sim.tasks import DigitsCNN
 
 

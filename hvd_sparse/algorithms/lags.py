@@ -43,7 +43,7 @@ Named options (off in paper mode):
   and no per-group time to observe: there ``adaptive=True`` warns once and keeps the uniform
   density (``stats()["adaptive_state"] == "uniform"``).
 * ``check_assumption`` / ``AssumptionMonitor``: docs/algorithms.md#assumption-check on real gradients,
-  ``delta = ||x - TopK(x)||^2 / ||x - RandK(x)||^2`` per layer (also ``hvd_sparse.lags``).
+  ``delta = ||x - TopK(x)||^2 / ||x - RandK(x)||^2`` per layer.
 """
 
 from __future__ import annotations

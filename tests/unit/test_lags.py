@@ -16,12 +16,7 @@ from reference import expected_step, topk_indices
 
 from hvd_sparse import ConfigurationError, create
 from hvd_sparse.algorithms import LAGS
-from hvd_sparse.backends import get_backend
-from hvd_sparse.comm import ALLGATHER, ALLREDUCE
-from hvd_sparse.comm.horovod_torch import AsyncProtocols
-from hvd_sparse.comm.local import LocalGroup
-from hvd_sparse.engine import Engine
-from hvd_sparse.lags import (
+from hvd_sparse.algorithms.lags import (
     AssumptionMonitor,
     adaptive_density,
     backward_times,
@@ -29,6 +24,11 @@ from hvd_sparse.lags import (
     fit_allgather_model,
     plan_groups,
 )
+from hvd_sparse.backends import get_backend
+from hvd_sparse.comm import ALLGATHER, ALLREDUCE
+from hvd_sparse.comm.horovod_torch import AsyncProtocols
+from hvd_sparse.comm.local import LocalGroup
+from hvd_sparse.engine import Engine
 
 NP = get_backend("numpy")
 REPO = Path(__file__).resolve().parents[2]
