@@ -7,8 +7,10 @@ Horovod's Keras optimizer. A sparsifier must refuse Adasum and every op other th
 Horovod's Keras optimizer must be refused on Keras 3 (docs/architecture.md#keras), so both are
 read from the callers' frames.
 
-What this relies on, each checked by tests/unit/test_horovod_internals.py (a Horovod upgrade that
-changes any of it fails that test instead of silently switching a refusal off):
+What this relies on, checked on the installed Horovod by tests/unit/test_horovod_internals.py
+(the code) and tests/multiproc/test_horovod_refusals.py (the op read in real jobs, for every way
+Horovod calls a compressor, and the refusals), so that a Horovod upgrade that changes any of it
+fails a test instead of silently switching a refusal off:
 
 * ``horovod.tensorflow.allreduce`` and ``grouped_allreduce`` call ``compression.compress`` with
   their parameters ``compression`` (the compressor) and ``op`` (the reduction, already resolved

@@ -7,8 +7,10 @@ public attribute or hook tells a compressor which reduction the calling optimize
 keeps the reduction in the instance attribute ``op``. A sparsifier must refuse Adasum and every
 op other than Average, so the op is read from the caller's frame.
 
-What this relies on, each checked by tests/unit/test_horovod_internals.py (a Horovod upgrade that
-changes any of it fails that test instead of silently switching the refusal off):
+What this relies on, checked on the installed Horovod by tests/unit/test_horovod_internals.py
+(the code) and tests/multiproc/test_horovod_refusals.py (the op read in real jobs, for every way
+Horovod calls a compressor, and the refusals), so that a Horovod upgrade that changes any of it
+fails a test instead of silently switching a refusal off:
 
 * ``_DistributedOptimizer._allreduce_grad_async`` (per tensor) calls
   ``self._compression.compress`` directly, and ``_grouped_allreduce_grad_async`` (``groups=``)
