@@ -5,15 +5,17 @@ does not depend on the framework: ``set_epoch``, ``stats``, ``average_stats``, `
 ``state_dict``/``load_state_dict``. A face adds Horovod's ``compress``/``decompress`` and two
 hooks: ``_make_engine`` (with its communication layer) and ``_sum_over_ranks``.
 
-``face_class`` turns an algorithm class into a face class: ``hvd_sparse.torch.TopK(density=0.01,
-named_parameters=...)`` is the PyTorch face wrapped around ``hvd_sparse.algorithms.TopK``. The
-generated class accepts the algorithm's hyper-parameters and the face's keyword-only options
-together, and shows both in ``help()``.
+``face_classes`` makes one face class per method of the registry's list (``registry.METHODS``,
+built from ``algorithms.METHODS``), so a new method needs no line in either face:
+``hvd_sparse.torch.TopK(density=0.01, named_parameters=...)`` is the PyTorch face wrapped around
+``hvd_sparse.algorithms.TopK``. Each generated class accepts the algorithm's hyper-parameters and
+the face's keyword-only options together, and ``help()`` shows both with their descriptions.
 """
 
 from __future__ import annotations
 
 import inspect
+import textwrap
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -122,6 +124,29 @@ def refuse_reduction_op(op: Any, hvd: Any) -> None:
         "learning rate by hvd.size()")
 
 
+def face_classes(base: type, module: str) -> dict[str, type]:
+    """The face class of every registered method, by class name (``{"TopK": ..., ...}``), for
+    the face module ``module`` to export."""
+    from .registry import METHODS
+
+    return {cls.__name__: face_class(base, cls, module) for cls in METHODS.values()}
+
+
+def face_options_doc(base: type) -> str:
+    """The "Args:" entries of the nearest docstring in ``base``'s MRO that has them, without
+    ``algorithm`` (which the face class builds from the method's own arguments)."""
+    doc = next(inspect.cleandoc(c.__doc__) for c in base.__mro__ if c.__doc__ and "Args:" in c.__doc__)
+    entries, keep = [], False
+    for line in doc.partition("Args:\n")[2].splitlines():
+        if line.strip() and not line.startswith(" "):          # the section is over
+            break
+        if line.strip() and not line.startswith("    " * 2):   # an entry starts: "    name: ..."
+            keep = not line.lstrip().startswith("algorithm:")
+        if keep:
+            entries.append(line)
+    return "\n".join(entries).rstrip()
+
+
 def face_class(base: type, algorithm_cls: type, module: str) -> type:
     """A subclass of ``base`` (whose ``__init__(algorithm, *, ...)`` takes face options)."""
     face_params = [p for p in inspect.signature(base.__init__).parameters.values()
@@ -136,6 +161,7 @@ def face_class(base: type, algorithm_cls: type, module: str) -> type:
     __init__.__signature__ = inspect.Signature(algo_params + face_params)  # type: ignore[attr-defined]
     return type(algorithm_cls.__name__, (base,), {
         "__init__": __init__,
-        "__doc__": f"{algorithm_cls.__doc__}\n    Options of the {module} face: see {base.__name__}.",
+        "__doc__": (f"{algorithm_cls.__doc__.rstrip()}\n\n    Options of the {module} face "
+                    f"({base.__name__}):\n{textwrap.indent(face_options_doc(base), '    ')}\n"),
         "__module__": module,
     })

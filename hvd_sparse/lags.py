@@ -1,6 +1,9 @@
-"""LAGS-SGD tools that need no framework: the assumption check of ALGORITHMS.md 5.3 and the
-grouping and density rules (the method itself is ``hvd_sparse.torch.LAGS`` /
-``hvd_sparse.tensorflow.LAGS``; its code lives in ``hvd_sparse/algorithms/lags.py``)."""
+"""Old import path of the framework-free LAGS tools, kept for one release.
+
+Why it exists: earlier releases documented ``hvd_sparse.lags.check_assumption``; code that imports
+this path keeps working, with a ``RenamedWarning`` (hvd_sparse/renamed.py). Everything lives in
+``hvd_sparse.algorithms.lags``: import from there.
+"""
 
 from .algorithms.lags import (
     LAGS,
@@ -14,6 +17,9 @@ from .algorithms.lags import (
     fit_allgather_model,
     plan_groups,
 )
+from .renamed import warn_renamed
+
+warn_renamed("hvd_sparse.lags", "hvd_sparse.algorithms.lags", stacklevel=2)
 
 __all__ = ["LAGS", "PAPER_ALPHA", "PAPER_BETA", "AssumptionMonitor", "adaptive_density", "backward_times",
            "check_assumption", "compression_errors", "fit_allgather_model", "plan_groups"]

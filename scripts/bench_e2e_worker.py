@@ -31,7 +31,7 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "dense": ("horovod", {"compression": "none"}),
     "fp16": ("horovod", {"compression": "fp16"}),
     "exdyna": ("exdyna", {}),
-    "exdyna-tracking": ("exdyna", {"threshold": "tracking"}),
+    "exdyna-tracking": ("exdyna", {"threshold_scaling": "tracking"}),
     "micro": ("micro", {}),
     "deft": ("deft", {}),
     "lags": ("lags", {}),

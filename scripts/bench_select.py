@@ -8,7 +8,7 @@ everything but the simulated collectives -- is compared with the floor measured 
 process: ``torch.add(g, e, out=a)`` over n floats (read g, read e, write a). Reported per
 configuration: the median over repeats of the per-rank time, method / floor, method / top-k.
 Thresholded methods are measured at their target density (ExDyna and MiCRO with
-``threshold="tracking"``, which settles within the warm-up; the paper rule would take hundreds
+``threshold_scaling="tracking"``, which settles within the warm-up; the paper rule would take hundreds
 of steps and select far more meanwhile, which is a different cost).
 
 Two sweeps: every method over the sizes at one world size, and the exclusive methods (whose
@@ -46,8 +46,8 @@ from hvd_sparse.engine import Engine
 
 METHODS = ["exdyna", "micro", "deft", "lags", "topk", "randomk", "threshold", "gaussiank", "dgc"]
 N_SWEEP_METHODS = ["exdyna", "micro", "deft", "topk"]
-OPTIONS = {"topk": {"scope": "model"}, "exdyna": {"threshold": "tracking"},
-           "micro": {"threshold": "tracking"}, "randomk": {"scope": "model"},
+OPTIONS = {"topk": {"scope": "model"}, "exdyna": {"threshold_scaling": "tracking"},
+           "micro": {"threshold_scaling": "tracking"}, "randomk": {"scope": "model"},
            "gaussiank": {"scope": "model"}, "dgc": {"scope": "model"}}
 WARMUP = 12
 KERNEL_MODES = {"on": "auto", "off": "off"}   # --kernels value -> hvd_sparse.set_kernels mode
@@ -124,7 +124,7 @@ def _memory_overhead(n: int, size: int, density: float, device: str, kernels: st
     inputs = [g.clone() for g in grads]
     before = (torch.cuda.max_memory_allocated() if device == "cuda"
               else resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)
-    algorithm = hvd_sparse.create("exdyna", density=density, threshold="tracking")
+    algorithm = hvd_sparse.create("exdyna", density=density, threshold_scaling="tracking")
     engines = [Engine(algorithm, get_backend("torch"), r, size, write_into_inputs=True) for r in range(size)]
     group = LocalGroup(size, get_backend("torch"))
     for _ in range(5):

@@ -8,7 +8,7 @@ the same optimizer and the same learning-rate schedule; only the method changes:
 * character-level LSTM (pydoc_data topics, 99k parameters): held-out perplexity after the budget;
 
 at densities 0.01 and 0.001. Each method runs with its defaults (ExDyna both in paper mode and
-with ``threshold="tracking"``; DGC without optimizer momentum, its own momentum correction being
+with ``threshold_scaling="tracking"``; DGC without optimizer momentum, its own momentum correction being
 inside the compressor, as its documentation says). The runs also record the achieved density,
 the build-up and ExDyna's padding waste (imbalance = N·max count / union − 1), which the issue's
 targets are about.
@@ -47,8 +47,9 @@ from hvd_sparse.sim import simulate
 METHODS = {
     "dense": ("dense", {}, None),
     "exdyna": ("exdyna", {}, None),
-    "exdyna-tracking": ("exdyna", {"threshold": "tracking"}, None),
-    "exdyna-tracking-histogram": ("exdyna", {"threshold": "tracking", "rebalance": "histogram"}, None),
+    "exdyna-tracking": ("exdyna", {"threshold_scaling": "tracking"}, None),
+    "exdyna-tracking-histogram": ("exdyna", {"threshold_scaling": "tracking", "rebalance": "histogram"},
+                                  None),
     "micro": ("micro", {}, None),
     "deft": ("deft", {}, None),
     "lags": ("lags", {}, None),

@@ -51,9 +51,11 @@ CURVE_METHODS = {
     "micro": ("micro", {}, None),
     "exdyna": ("exdyna", {}, None),
     "exdyna-neighbour": ("exdyna", {"rebalance": "neighbour"}, None),
-    "exdyna-tracking": ("exdyna", {"threshold": "tracking"}, None),
-    "exdyna-tracking-neighbour": ("exdyna", {"threshold": "tracking", "rebalance": "neighbour"}, None),
-    "exdyna-tracking-histogram": ("exdyna", {"threshold": "tracking", "rebalance": "histogram"}, None),
+    "exdyna-tracking": ("exdyna", {"threshold_scaling": "tracking"}, None),
+    "exdyna-tracking-neighbour": ("exdyna", {"threshold_scaling": "tracking", "rebalance": "neighbour"},
+                                  None),
+    "exdyna-tracking-histogram": ("exdyna", {"threshold_scaling": "tracking", "rebalance": "histogram"},
+                                  None),
     "deft": ("deft", {}, None),
     "topk": ("topk", {}, None),
     "gaussiank": ("gaussiank", {}, None),
@@ -66,7 +68,7 @@ QUICK_CURVES = {"world_size": 8, "steps": 200, "configs": [("digits", 0.01)]}
 # label -> (method, options); ExDyna with the tracking threshold, so that its union / k (the
 # achieved density over the target) means something after a few steps; MiCRO in paper mode.
 BUILDUP_METHODS = {"topk": ("topk", {}), "micro": ("micro", {}),
-                   "exdyna-tracking": ("exdyna", {"threshold": "tracking"}), "deft": ("deft", {})}
+                   "exdyna-tracking": ("exdyna", {"threshold_scaling": "tracking"}), "deft": ("deft", {})}
 FULL_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64, 128, 256, 512, 1024], "steps": 20, "density": 0.001,
                 "task": "digits"}
 QUICK_BUILDUP = {"sizes": [2, 4, 8, 16, 32, 64], "steps": 10, "density": 0.001, "task": "digits"}

@@ -1,4 +1,4 @@
-"""Check LAGS-SGD's convergence assumption (ALGORITHMS.md 5.3) on a real model.
+"""Check LAGS-SGD's convergence assumption (docs/algorithms.md#assumption-check) on a real model.
 
 Trains a small CNN on scikit-learn's digits with LAGS-SGD on N simulated workers -- hvd_sparse's
 engine over ``LocalGroup`` with the PyTorch backend, the code a Horovod job runs, in one process
@@ -33,10 +33,10 @@ from sklearn.model_selection import train_test_split
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results import pyplot, save
 
+from hvd_sparse.algorithms.lags import LAGS, AssumptionMonitor
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
-from hvd_sparse.lags import LAGS, AssumptionMonitor
 from hvd_sparse.sim.tasks import DigitsCNN
 
 

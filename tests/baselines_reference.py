@@ -1,7 +1,7 @@
 """Independent NumPy references for the baseline sparsifiers, for the tests.
 
-Written from ALGORITHMS.md 6.2-6.4 directly, with boolean masks and plain loops rather than the
-engine's backend operations, so that a test compares two implementations.
+Written from docs/algorithms.md (DGC, GaussianK, Threshold) directly, with boolean masks and plain loops
+rather than the engine's backend operations, so that a test compares two implementations.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """Independent NumPy reference of what a sparsified step must produce, for the tests.
 
-Written from ALGORITHMS.md directly (not from hvd_sparse's engine) so that a test compares two
+Written from docs/algorithms.md directly (not from hvd_sparse's engine) so that a test compares two
 implementations: the engine under test and this one.
 """
 

@@ -1,4 +1,4 @@
-"""Independent NumPy reference of one DEFT step (ALGORITHMS.md §4), for the tests.
+"""Independent NumPy reference of one DEFT step (docs/algorithms.md#deft), for the tests.
 
 Written from the specification, not from hvd_sparse, with plain loops: the unit table, every
 rank's norm-proportional k split from its own accumulated vector, the master's largest-first

@@ -1,11 +1,11 @@
-"""DEFT: norm-proportional per-layer k and bin-packed layer ownership (ALGORITHMS.md §4).
+"""DEFT: norm-proportional per-layer k and bin-packed layer ownership (docs/algorithms.md#deft).
 
-The model is one flat vector cut into *units* (§4.2): a tensor with more than n/N entries is
+The model is one flat vector cut into *units* (docs/algorithms.md#units): a tensor of over n/N entries is
 split into N near-equal units, any other tensor is one unit. Every step, on every rank:
 
 1. each unit's L2 norm from this rank's own accumulated vector ``a = g + e``;
 2. a greedy split of k = int(density * n) over the units in proportion to their norms, largest
-   norm first, each unit getting at least 1 and at most its size (§4.3 step 3);
+   norm first, each unit getting at least 1 and at most its size (docs/algorithms.md#splitting-k);
 3. the rotating master m = t mod N packs the units into N bins, largest estimated selection cost
    first into the least-loaded bin (cost size * log2(k_u), or size when k_u = 1); a unit whose k_u
    is its whole size is *common*: every rank sends all of it, it sits in no bin;
@@ -17,11 +17,12 @@ split into N near-equal units, any other tensor is one unit. Every step, on ever
    clears its residual on the whole union.
 
 Paper mode (the defaults) follows the authors' code, including its quirks: k_u comes from each
-rank's own norms, so the total only approximates k (P11), and the floor of 1 can overshoot it.
-Guards, which change nothing the authors' code computes without crashing: q is clamped at 0 and
-R_w must stay positive (P12); non-finite norms count as 0 (the code would fail on int(nan), on
-that rank only, and hang the others); zero-size units (a tensor of fewer than N entries that
-still has more than n/N) are dropped, where the code would call top-k on an empty slice. Norms
+rank's own norms, so the total only approximates k, and the floor of 1 can overshoot it
+(docs/algorithms.md#local-k-in-deft). Guards, which change nothing the authors' code computes
+without crashing (docs/algorithms.md#deft-guards): q is clamped at 0 and R_w must stay positive;
+non-finite norms count as 0 (the code would fail on int(nan), on that rank only, and hang the
+others); zero-size units (a tensor of fewer than N entries that still has more than n/N) are
+dropped, where the code would call top-k on an empty slice. Norms
 are accumulated in float64 and rounded to float32 -- the precision of the authors' torch.norm --
 so backends whose sums differ in the last float64 bits still split k identically (the split is
 sensitive to single bits: the last unit gets int(R_k * w / R_w) with w / R_w near 1).
@@ -32,7 +33,7 @@ per-rank counts) are read back to the host, which synchronizes a GPU three times
 Named options, each off in paper mode:
 
 * ``agreed_k=True``: the master also broadcasts its k_u and every rank uses them, so the
-  aggregated count is exactly the master's sum of k_u (P11).
+  aggregated count is exactly the master's sum of k_u (docs/algorithms.md#local-k-in-deft).
 * ``packing="heap"``: the same packing by sorting plus a heap of bins, O(L log L) instead of the
   code's O(L^2) linear scans; it yields the identical assignment (tested).
 
@@ -78,7 +79,7 @@ class UnitTable:
 
 
 def build_unit_table(tensor_sizes: Sequence[int], world_size: int) -> UnitTable:
-    """§4.2: a tensor with strictly more than n/N entries becomes N contiguous units whose sizes
+    """docs/algorithms.md#units: a tensor of strictly more than n/N entries becomes N units whose sizes
     differ by at most one (the first ``size mod N`` get the extra entry); any other tensor is one
     unit. Empty units are dropped (guard: see module docstring)."""
     n = sum(tensor_sizes)
@@ -108,7 +109,7 @@ def float32_norms(norms: Sequence[float]) -> list[float]:
 
 
 def split_k(norms: Sequence[float], sizes: Sequence[int], k: int) -> list[int]:
-    """§4.3 step 3: k split over units in proportion to their norms, largest norm first (ties:
+    """k split in proportion to the units' norms (docs/algorithms.md#splitting-k), largest first (ties:
     higher unit index first, as a stable sort reversed). Each unit gets ``size`` if the
     proportional share q exceeds it, else max(1, q); what a unit does not take is left to the
     units after it. The total can exceed k by one per unit that received the floor of 1."""
@@ -119,7 +120,7 @@ def split_k(norms: Sequence[float], sizes: Sequence[int], k: int) -> list[int]:
     k_units = [0] * len(weights)
     for u in order:
         q = int(remaining_k * (weights[u] / remaining_w)) if remaining_w > 0 else 0
-        q = max(q, 0)   # P12: a negative remainder truncates toward zero; clamp it
+        q = max(q, 0)   # docs/algorithms.md#deft-guards: a negative remainder truncates toward zero; clamp it
         k_units[u] = sizes[u] if sizes[u] < q else max(1, q)
         remaining_k -= k_units[u]
         remaining_w -= weights[u]
@@ -141,7 +142,7 @@ class Packing:
 
 
 def pack_linear(k_units: Sequence[int], sizes: Sequence[int], n_bins: int) -> Packing:
-    """§4.3 step 4 as the authors' code does it: L times, a linear scan for the unit of largest
+    """docs/algorithms.md#packing as the authors' code does it: L times, a linear scan for the unit of largest
     remaining cost (ties: lowest id) and one for the least-loaded bin (ties: lowest index). A unit
     with k_u == size is common and adds no load. O(L^2)."""
     costs = [unit_cost(s, k) for s, k in zip(sizes, k_units, strict=True)]
@@ -200,7 +201,7 @@ def decode_assignment(bin_sizes: np.ndarray, unit_ids: np.ndarray
 
 
 def owned_bin(rank: int, master: int, world_size: int) -> int:
-    """§4.3 step 6: rank r takes bin (m + r) mod N (the master itself takes bin 2m mod N)."""
+    """docs/algorithms.md#assignment: rank r takes bin (m + r) mod N (the master itself bin 2m mod N)."""
     return (master + rank) % world_size
 
 
@@ -257,7 +258,7 @@ class DeftControl:
 
 
 class DEFT(Algorithm):
-    """DEFT (ALGORITHMS.md §4): per-unit k in proportion to the gradient norm, units packed into
+    """DEFT (docs/algorithms.md#deft): per-unit k in proportion to the gradient norm, units packed into
     one bin per rank by a rotating master, each rank selecting top-k inside its own units.
 
     Args:

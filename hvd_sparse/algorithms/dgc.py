@@ -1,4 +1,4 @@
-"""Deep Gradient Compression (Lin et al., ICLR 2018; ALGORITHMS.md 6.2).
+"""Deep Gradient Compression (Lin et al., ICLR 2018; docs/algorithms.md#dgc).
 
 Paper mode follows the first author's PyTorch code (``synxlin/deep-gradient-compression``):
 

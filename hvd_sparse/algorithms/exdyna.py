@@ -1,4 +1,4 @@
-"""ExDyna (ALGORITHMS.md §2): MiCRO's exclusive rotating partitions, made of fixed-size blocks
+"""ExDyna (docs/algorithms.md#exdyna): MiCRO's exclusive rotating partitions, made of fixed-size blocks
 whose boundaries move to balance the ranks' selection loads.
 
 Paper mode reproduces the authors' code: the flat vector is cut into 1024 blocks of
@@ -17,8 +17,8 @@ Named options (off in paper mode):
   r+1 (mpi4py ``Sendrecv`` under an MPI job, a Horovod alltoall with neighbour-only splits under
   Gloo): O(1) messages per rank whatever N is. Red-black activation (boundary p|p+1 only when
   p ≡ t mod 2) keeps two moves from meeting in one partition; after deciding, each rank hands its
-  partition's new range to rank r-1, which owns it next step (§2.3.2). Jacobi-style, so it is not
-  bit-identical to the sweep; it converges at about half the speed.
+  partition's new range to rank r-1, which owns it next step. Jacobi-style, so it is not
+  bit-identical to the sweep; it converges at about half the speed (docs/algorithms.md#neighbour-rebalancing).
 * ``rebalance="histogram"``: every rank also reads the per-block counts off the gathered indices
   (no message), keeps a decaying average of them (``histogram_decay``, default 0.8) and places
   the boundaries where the cumulative load crosses p/N of the total, at least one block per
@@ -28,7 +28,8 @@ Named options (off in paper mode):
 * ``rebalance="off"``: fixed blocks (no boundary moves).
 * ``num_blocks``: another block count, or "auto" = max(1024, 16·N), which lifts the paper's
   N ≤ 256 limit (with 1024 blocks a partition needs more than 1024/(4N) ≥ 1 blocks to give one).
-* ``over_band`` / ``under_band``: the imbalance band.
+* ``overload_ratio`` / ``underload_ratio``: the load band (formerly ``over_band`` /
+  ``under_band``): over- and under-loaded relative to the mean load.
 * Small models (n < 32 × num_blocks, where the paper's rule would make zero-size blocks) get
   n // 32 blocks of 32 elements instead; a model with fewer than 32·N elements gets N blocks of
   n // N elements. Never a zero-size block.
@@ -42,6 +43,7 @@ import numpy as np
 
 from ..comm import NEIGHBOURS, Collective, Protocol
 from ..errors import ConfigurationError
+from ..renamed import renamed_options
 from .base import StepContext, StepOutcome, check_choice
 from .micro import ExclusiveControl, MiCRO, owned_partition
 
@@ -99,7 +101,7 @@ def boundary_move(load_left: int, load_right: int, mean: int, over: Fraction, un
 
 def sweep(blocks: list[int], loads: list[int], union: int, n: int, block: int, num_blocks: int,
           over: Fraction, under: Fraction) -> tuple[list[int], int]:
-    """The paper's left-to-right sweep (§2.3.1): at most one block across each boundary, the
+    """The paper's left-to-right sweep (docs/algorithms.md#the-sweep): at most one block per boundary, the
     predicted loads updated after each move. Returns the new blocks per partition and the number
     of boundaries moved."""
     size = len(blocks)
@@ -146,7 +148,7 @@ def neighbour_update(partition: int, step: int, first_block: int, blocks: int, c
                      left: tuple[int, int] | None, right: tuple[int, int] | None, union: int,
                      num_blocks: int, size: int, over: Fraction, under: Fraction
                      ) -> tuple[int, int, int]:
-    """One rank's side of the red-black rebalance (§2.3.2): its partition's new
+    """One rank's side of the red-black rebalance (docs/algorithms.md#neighbour-rebalancing): its new
     (first block, blocks) and whether it moved a boundary. ``left``/``right`` are the
     (count, blocks) of partitions p-1 and p+1, or None at the ends."""
     mean = union // size
@@ -172,22 +174,26 @@ class ExDyna(MiCRO):
         rebalance: "exact" (paper: replicated sweep), "neighbour" (counts exchanged with ranks
             r±1 only), "histogram" (boundaries placed from per-block loads) or "off".
         num_blocks: blocks the model is cut into (paper: 1024), or "auto" = max(1024, 16·N).
-        threshold: "paper" or "tracking" (see hvd_sparse.algorithms.micro).
-        band: "code" (paper) or "symmetric" threshold band.
-        over_band, under_band: a partition is over-loaded above over_band × mean load and
-            under-loaded below under_band × mean (paper: "1.05", "0.95238"; decimal strings or
-            numbers, compared exactly).
+        threshold_scaling: "paper" or "tracking" (see hvd_sparse.algorithms.micro). Formerly
+            ``threshold``.
+        threshold_band: "code" (paper) or "symmetric" band of the threshold scaling. Formerly
+            ``band``.
+        overload_ratio, underload_ratio: a partition is over-loaded above overload_ratio × mean
+            load and under-loaded below underload_ratio × mean (paper: "1.05", "0.95238";
+            decimal strings or numbers, compared exactly). Formerly ``over_band``/``under_band``.
         histogram_decay: weight of the past in the per-block load average of
             ``rebalance="histogram"`` (0: the last step alone).
     """
 
     name = "exdyna"
 
+    @renamed_options(threshold="threshold_scaling", band="threshold_band",
+                     over_band="overload_ratio", under_band="underload_ratio")
     def __init__(self, density: float = 0.001, *, rebalance: str = "exact",
-                 num_blocks: int | str = PAPER_BLOCKS, threshold: str = "paper", band: str = "code",
-                 over_band: str | float = "1.05", under_band: str | float = "0.95238",
-                 histogram_decay: float = 0.8):
-        super().__init__(density, threshold=threshold, band=band)
+                 num_blocks: int | str = PAPER_BLOCKS, threshold_scaling: str = "paper",
+                 threshold_band: str = "code", overload_ratio: str | float = "1.05",
+                 underload_ratio: str | float = "0.95238", histogram_decay: float = 0.8):
+        super().__init__(density, threshold_scaling=threshold_scaling, threshold_band=threshold_band)
         self.rebalance = check_choice("rebalance", rebalance, REBALANCE_MODES)
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")
@@ -195,11 +201,11 @@ class ExDyna(MiCRO):
         if not (num_blocks == "auto" or (isinstance(num_blocks, int) and num_blocks >= 1)):
             raise ConfigurationError(f"num_blocks must be a positive int or 'auto', got {num_blocks!r}")
         self.num_blocks = num_blocks
-        self.over_band, self.under_band = str(over_band), str(under_band)
-        self._over, self._under = Fraction(self.over_band), Fraction(self.under_band)
+        self.overload_ratio, self.underload_ratio = str(overload_ratio), str(underload_ratio)
+        self._over, self._under = Fraction(self.overload_ratio), Fraction(self.underload_ratio)
         if not self._under < 1 < self._over:
-            raise ConfigurationError(
-                f"need under_band < 1 < over_band, got {under_band} and {over_band}")
+            raise ConfigurationError(f"need underload_ratio < 1 < overload_ratio, got "
+                                     f"{underload_ratio} and {overload_ratio}")
 
     @property
     def select_collectives(self) -> bool:  # type: ignore[override]
@@ -280,7 +286,7 @@ class ExDyna(MiCRO):
     def _neighbour_rebalance(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
         """Decide the boundaries of the partition this rank owned at t-1 with its neighbours'
         counts, hand the new range to rank r-1 (its owner at t) and take partition p+1's from
-        rank r+1 (§2.3.2)."""
+        rank r+1 (docs/algorithms.md#neighbour-rebalancing)."""
         b, size, layout = ctx.backend, ctx.size, control.layout
         previous = owned_partition(ctx.rank, ctx.step - 1, size)
         first, blocks = layout["own"]

@@ -1,4 +1,4 @@
-"""Gaussian-k with error feedback (ALGORITHMS.md 6.3).
+"""Gaussian-k with error feedback (docs/algorithms.md#gaussiank).
 
 Each rank models the entries of its accumulated vector ``a = g + e`` as Gaussian, takes the
 two-sided tail threshold ``λ = μ + σ·Φ⁻¹(1 − ρ/2)`` (μ, σ: mean and sample standard deviation of

@@ -1,4 +1,4 @@
-"""LAGS-SGD: layer-wise adaptive gradient sparsification (ALGORITHMS.md 5).
+"""LAGS-SGD: layer-wise adaptive gradient sparsification (docs/algorithms.md#lags).
 
 Paper mode (the authors' released code, HKBU-HPML/OMGS-SGD):
 
@@ -15,11 +15,11 @@ Paper mode (the authors' released code, HKBU-HPML/OMGS-SGD):
   division by the number of ranks ("gather" pattern). The residual holds raw gradients (the
   learning rate is applied afterwards, by the optimizer).
 * **Density:** the same ``density`` for every group (the authors' adaptive path is disabled in
-  three ways, ALGORITHMS.md 5.2 / P14).
+  three ways, docs/algorithms.md#lags-adaptive-path).
 
 Named options (off in paper mode):
 
-* ``adaptive=True``: the adaptive per-group density of 5.2, implemented and live. Every rank
+* ``adaptive=True``: the adaptive per-group density (docs/algorithms.md#adaptive-density), live. Every rank
   measures, over the first ``profile_steps`` steps, when each group's last gradient arrives
   (PyTorch: the time of ``compress``), and the cost of an allgather (a short calibration: the
   fastest of ``calibration_repeats`` allgathers of each of ``calibration_sizes`` elements) unless
@@ -42,8 +42,8 @@ Named options (off in paper mode):
   TensorFlow computes every gradient before Horovod reduces any, so there is nothing to overlap
   and no per-group time to observe: there ``adaptive=True`` warns once and keeps the uniform
   density (``stats()["adaptive_state"] == "uniform"``).
-* ``check_assumption`` / ``AssumptionMonitor``: the assumption check of 5.3 on real gradients,
-  ``delta = ||x - TopK(x)||^2 / ||x - RandK(x)||^2`` per layer (also ``hvd_sparse.lags``).
+* ``check_assumption`` / ``AssumptionMonitor``: docs/algorithms.md#assumption-check on real gradients,
+  ``delta = ||x - TopK(x)||^2 / ||x - RandK(x)||^2`` per layer.
 """
 
 from __future__ import annotations
@@ -64,7 +64,7 @@ from .base import GATHER, TENSOR, Algorithm, StepContext, StepEnd, StepOutcome, 
 GROUP = "group"            # scope: merged groups of consecutive tensors (merge_threshold > 0)
 COMP_TIMES = ("own", "remaining")
 
-# The authors' allgather cost model constants (ALGORITHMS.md 5.2), for users who want them.
+# The authors' allgather cost model constants (docs/algorithms.md#adaptive-density), for users who want them.
 PAPER_ALPHA = 1.744e-3     # seconds per allgather, times log2(P)
 PAPER_BETA = 3.6e-8        # seconds per element
 
@@ -98,7 +98,7 @@ def group_k(density: float, numel: int) -> int:
 def adaptive_density(comp_seconds: float, numel: int, size: int, alpha: float, beta: float,
                      density: float, min_density: float = 0.001, overflow_density: float = 0.05
                      ) -> float:
-    """ALGORITHMS.md 5.2: the density whose allgather time equals ``comp_seconds``, with the
+    """docs/algorithms.md#adaptive-density: the density whose allgather time equals ``comp_seconds``, with the
     authors' floor and overflow quirks, never below the user's ``density``. A world of one rank
     (or a free network, ``beta == 0``) communicates in no time: the overflow branch."""
     spare = comp_seconds - alpha * math.log2(size)
@@ -163,7 +163,7 @@ class LAGS(Algorithm):
         merge_threshold: merge consecutive tensors (in backward order) until a group holds at
             least this many elements; 0 = one group per tensor. Default 8192 (the authors').
         adaptive: choose each group's density from its measured backward time and the allgather
-            cost model (ALGORITHMS.md 5.2); PyTorch only (TensorFlow warns, stays uniform).
+            cost model (docs/algorithms.md#adaptive-density); PyTorch only (TensorFlow warns, stays uniform).
         comp_time: ``"own"`` (the group's own backward time, the authors' definition) or
             ``"remaining"`` (backward time left after the group is ready).
         profile_steps: steps measured before the densities are fixed.
@@ -341,7 +341,7 @@ class LAGS(Algorithm):
         return LagsControl(**state)
 
 
-# --- the assumption check of ALGORITHMS.md 5.3 ---------------------------------------------------------
+# --- the assumption check (docs/algorithms.md#assumption-check) ----------------------------------------
 def _host(x: Any) -> np.ndarray:
     if hasattr(x, "detach"):       # torch
         x = x.detach().cpu().numpy()
@@ -389,7 +389,7 @@ def _ratio(top: float, rand: float) -> float:
 def check_assumption(gradients: Mapping[str, Any] | Iterable, density: float, *, randk: str = "expected",
                      rng: np.random.Generator | None = None) -> dict[str, float]:
     """delta per layer, ``||x - TopK(x)||^2 / ||x - RandK(x)||^2`` with each layer's own
-    ``k = max(1, int(density * d))`` (ALGORITHMS.md 5.3). LAGS's convergence argument needs
+    ``k = max(1, int(density * d))`` (docs/algorithms.md#assumption-check). LAGS's convergence argument needs
     ``delta <= 1`` for every layer: layer-wise top-k no worse than random-k of the same size.
 
     ``gradients``: a mapping name -> tensor, (name, tensor) pairs, or a sequence of tensors

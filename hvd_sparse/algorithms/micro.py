@@ -1,4 +1,4 @@
-"""MiCRO (ALGORITHMS.md §3): exclusive, rotating partitions with an online-scaled threshold.
+"""MiCRO (docs/algorithms.md#micro): exclusive, rotating partitions with an online-scaled threshold.
 
 The flat model vector is cut into N contiguous partitions; at step t rank r owns partition
 (t + r) mod N and sends every entry of its accumulated vector there with |a| >= λ (at least one:
@@ -9,11 +9,11 @@ allreduces its own values on the whole union and clears its residual there (the 
 λ is identical on every rank because it is driven only by global facts (the previous union
 size). Paper mode (the authors' final code, commit 3e050e3): λ0 = 1/(2√k), then λ ← λ·s(K_prev/k)
 with s = 1.005 above a 1.1 band, 1.00125 inside (0.909, 1.1] -- the code's 0.9987 branch inside the
-band can never run (P2) -- and 0.995 below. Options, off in paper mode:
+band can never run (docs/algorithms.md#dead-branch) -- and 0.995 below. Options, off in paper mode:
 
-* ``band="symmetric"``: inside the band, 1.00125 above target and 0.9987 below (what the dead
-  branch presumably meant).
-* ``threshold="tracking"``: a controller that holds the density at target after a short warm-up
+* ``threshold_band="symmetric"``: inside the band, 1.00125 above target and 0.9987 below (what
+  the dead branch presumably meant).
+* ``threshold_scaling="tracking"``: a controller that holds the density at target after a short warm-up
   even when gradients shrink fast. Every rank also counts its partition's entries at λ/c and λ·c;
   the fractions ride on the step's existing value allreduce (no extra collective), so every rank
   knows the global local slope α = -dlnK/dlnλ and takes the same damped Newton step in log space,
@@ -35,10 +35,11 @@ import numpy as np
 
 from ..backends import index_dtype_for
 from ..comm import Protocol, finished
+from ..renamed import renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
 
-THRESHOLDS = ("paper", "tracking")
-BANDS = ("code", "symmetric")
+THRESHOLD_SCALINGS = ("paper", "tracking")
+THRESHOLD_BANDS = ("code", "symmetric")
 # The code's constants, kept exact (integer-safe comparisons: every rank decides identically).
 UPPER_BAND, LOWER_BAND = Fraction("1.1"), Fraction("0.909")
 RAISE, CREEP, LOWER, DEAD = 1.005, 1.00125, 0.995, 0.9987
@@ -56,7 +57,7 @@ TRACKING_SAMPLE = 8                 # probes read 1/8 of the partition on large 
 
 
 def initial_threshold(k: int) -> float:
-    """λ0 = 1/(2√k), the hard-threshold heuristic (ALGORITHMS.md §6.4)."""
+    """λ0 = 1/(2√k), the hard-threshold heuristic (docs/algorithms.md#threshold)."""
     return 1.0 / (2.0 * math.sqrt(k))
 
 
@@ -93,7 +94,7 @@ def tracking_factor(union: int, k: int, below: float, above: float, bias: float)
 
 
 def owned_partition(rank: int, step: int, size: int) -> int:
-    """Rank r owns partition (t + r) mod N at step t (P6)."""
+    """Rank r owns partition (t + r) mod N at step t (docs/algorithms.md#rotation)."""
     return (step + rank) % size
 
 
@@ -139,8 +140,10 @@ class MiCRO(Algorithm):
 
     Args:
         density: target fraction of entries aggregated per step, in (0, 1].
-        threshold: "paper" (the code's multiplicative rule) or "tracking" (see module docstring).
-        band: "code" (paper mode, dead branch included) or "symmetric".
+        threshold_scaling: how λ is scaled online: "paper" (the code's multiplicative rule) or
+            "tracking" (see module docstring). Formerly ``threshold``.
+        threshold_band: the scaling rule's band, "code" (paper mode, dead branch included) or
+            "symmetric". Formerly ``band``.
     """
 
     name = "micro"
@@ -148,10 +151,13 @@ class MiCRO(Algorithm):
     scopes = (MODEL,)
     exclusive = True
 
-    def __init__(self, density: float = 0.001, *, threshold: str = "paper", band: str = "code"):
+    @renamed_options(threshold="threshold_scaling", band="threshold_band")
+    def __init__(self, density: float = 0.001, *, threshold_scaling: str = "paper",
+                 threshold_band: str = "code"):
         super().__init__(density)
-        self.threshold = check_choice("threshold", threshold, THRESHOLDS)
-        self.band = check_choice("band", band, BANDS)
+        self.threshold_scaling = check_choice("threshold_scaling", threshold_scaling,
+                                              THRESHOLD_SCALINGS)
+        self.threshold_band = check_choice("threshold_band", threshold_band, THRESHOLD_BANDS)
 
     # --- partitions (MiCRO: fixed equal chunks; ExDyna overrides) ------------------------------
     def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray:
@@ -183,7 +189,7 @@ class MiCRO(Algorithm):
 
     def probes(self, control: ExclusiveControl, ctx: StepContext) -> tuple[list[float], int]:
         """Thresholds the tracking controller counts at, and the sampling (``count_at_least``)."""
-        if self.threshold != "tracking":
+        if self.threshold_scaling != "tracking":
             return [], 1
         # The probes only feed a slope estimate: from 1/8 of the partition once the expected
         # local count is large enough for the sample to hold hundreds of entries.
@@ -206,7 +212,7 @@ class MiCRO(Algorithm):
         return acc, idx
 
     def _keep_probes(self, control: ExclusiveControl, counts: list[float], ctx: StepContext) -> None:
-        if self.threshold == "tracking":
+        if self.threshold_scaling == "tracking":
             control.probes = np.asarray(counts, dtype=np.float64) / ctx.numel
 
     def fallback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
@@ -216,7 +222,7 @@ class MiCRO(Algorithm):
         return ctx.backend.arange(index, index + 1)
 
     def piggyback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
-        if self.threshold != "tracking":
+        if self.threshold_scaling != "tracking":
             return None
         return ctx.backend.from_numpy(control.probes.astype(np.float32))
 
@@ -229,12 +235,12 @@ class MiCRO(Algorithm):
         union = int(outcome.union_size)
         control.counts_prev = self.partition_counts(control, outcome, ctx)
         control.last_step = ctx.step
-        if self.threshold == "tracking" and outcome.piggyback is not None:
+        if self.threshold_scaling == "tracking" and outcome.piggyback is not None:
             below, above = (float(x) for x in outcome.piggyback)
             factor, control.bias = tracking_factor(union, control.k, below, above, control.bias)
             control.threshold *= factor
         else:
-            control.threshold *= paper_factor(union, control.k, self.band)
+            control.threshold *= paper_factor(union, control.k, self.threshold_band)
         control.union_prev = union
         return control
 
@@ -275,6 +281,6 @@ class MiCRO(Algorithm):
 
 
 def imbalance(counts: np.ndarray) -> float:
-    """Padding waste of a padded index allgather: N·max(c) / Σc − 1 (ALGORITHMS.md §1.3)."""
+    """Padding waste of a padded index allgather: N·max(c) / Σc − 1 (docs/algorithms.md#metrics)."""
     total = int(np.sum(counts))
     return len(counts) * int(np.max(counts)) / total - 1.0 if total else 0.0

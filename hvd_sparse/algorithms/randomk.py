@@ -1,4 +1,4 @@
-"""Random-k with error feedback (ALGORITHMS.md 6.6).
+"""Random-k with error feedback (docs/algorithms.md#randomk).
 
 Each rank sends k = floor(density * n) entries of its accumulated vector ``a = g + e`` drawn
 uniformly without replacement, and keeps the rest as its residual. Two modes:

@@ -1,4 +1,4 @@
-"""Hard-threshold sparsification with error feedback (ALGORITHMS.md 6.4).
+"""Hard-threshold sparsification with error feedback (docs/algorithms.md#threshold).
 
 Each rank sends every entry of its accumulated vector ``a = g + e`` with ``|a| >= λ`` and keeps
 the rest as its residual. λ is fixed for the whole run, so the density is *not* controlled: it

@@ -1,4 +1,4 @@
-"""Top-k with error feedback (ALGORITHMS.md 6.1).
+"""Top-k with error feedback (docs/algorithms.md#topk).
 
 Each rank sends the k entries of largest magnitude of its accumulated vector ``a = g + e`` and
 keeps the rest as its residual. Two aggregations:

@@ -2,8 +2,8 @@
 
 Horovod matches collectives by name in a background thread, so collectives that are *started*
 asynchronously complete whatever order ranks start them in; a rank that *blocks* on one while
-another rank blocks on a different one hangs both (HOROVOD.md 1.8). ``AsyncProtocols`` therefore
-starts every protocol's next phase before it waits for any: a phase's collectives are all issued
+another blocks on a different one hangs both (docs/architecture.md#collective-rules). ``AsyncProtocols``
+therefore starts every protocol's next phase before it waits for any: a phase's collectives are all issued
 on every rank before any rank waits on them.
 
 It also keeps, cheaply, the step's communication timeline: when each bucket's collectives were

@@ -44,7 +44,7 @@ from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorErr
 from .stats import BucketStats, summarize
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
-# Dtypes Horovod 0.28.1 can move in collectives (no bfloat16: HOROVOD.md 1.3).
+# Dtypes Horovod 0.28.1 can move in collectives (no bfloat16: docs/architecture.md#transport-dtypes).
 _TRANSPORTABLE = ("float16", "float32", "float64")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
 
@@ -156,7 +156,7 @@ class Engine:
         if fused is None:
             started = time.perf_counter()
             idx = yield from self.algorithm.select(acc, bucket.control, ctx)
-        if b.numel(idx) == 0:  # never send nothing: an empty collective can hang (HOROVOD.md 1.8)
+        if b.numel(idx) == 0:  # an empty collective can hang: docs/architecture.md#collective-rules
             idx = self.algorithm.fallback(bucket.control, ctx)
             idx = b.from_numpy(b.to_numpy(idx), like=acc)  # on the gradient's device (a GPU)
         selected = b.numel(idx)

@@ -29,6 +29,7 @@ from ..backends import get_backend
 from ..comm.local import LocalGroup
 from ..engine import Engine
 from ..registry import available, create
+from ..renamed import warn_renamed
 from .tasks import TASKS
 
 DENSE = "dense"
@@ -209,8 +210,9 @@ def _record(step: int, loss: float, engines: list[Engine]) -> dict:
     }
 
 
-def summarize(records: list[dict], skip: int = 0) -> dict:
-    """Means over the records after the first ``skip`` (a warm-up), and the last evaluation."""
+def summarize_run(records: list[dict], skip: int = 0) -> dict:
+    """Means over the records after the first ``skip`` (a warm-up), and the last evaluation.
+    Formerly ``summarize``, the name of the engine's per-step statistics (engine/stats.py)."""
     body = records[skip:] or records
     ratio = np.array([r["density_actual"] / r["density_target"] for r in body])
     out = {
@@ -227,3 +229,9 @@ def summarize(records: list[dict], skip: int = 0) -> dict:
         last = evaluated[-1]
         out.update({key: last[key] for key in ("accuracy", "perplexity", "bits_per_char") if key in last})
     return out
+
+
+def summarize(records: list[dict], skip: int = 0) -> dict:
+    """Old name of ``summarize_run``, kept for one release (hvd_sparse/renamed.py)."""
+    warn_renamed("hvd_sparse.sim.summarize", "hvd_sparse.sim.summarize_run")
+    return summarize_run(records, skip)

@@ -2,7 +2,8 @@
 
     python -m hvd_sparse.sim --method exdyna --world-size 64 --density 0.001 --model lstm \\
         --steps 500 --out run.json
-    python -m hvd_sparse.sim --method exdyna --option threshold=tracking --option rebalance=neighbour ...
+    python -m hvd_sparse.sim --method exdyna --option threshold_scaling=tracking \\
+        --option rebalance=neighbour ...
     python -m hvd_sparse.sim --method dense --model digits --steps 1000 --evaluate-every 100
 
 Writes one JSON object: ``config`` (the arguments, the method's hyper-parameters, the Python and
@@ -30,7 +31,7 @@ from typing import Any
 
 import torch
 
-from . import SCHEDULES, make_algorithm, methods, simulate, summarize
+from . import SCHEDULES, make_algorithm, methods, simulate, summarize_run
 from .tasks import TASKS
 
 
@@ -54,7 +55,7 @@ def parse_options(pairs: list[str]) -> dict:
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
-            raise SystemExit(f"--option expects key=value (e.g. threshold=tracking), got {pair!r}")
+            raise SystemExit(f"--option expects key=value (e.g. threshold_scaling=tracking), got {pair!r}")
         options[key.strip().replace("-", "_")] = parse_value(value.strip())
     return options
 
@@ -70,7 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--model", default="digits", choices=sorted(TASKS), help="task and model")
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--option", action="append", default=[], metavar="KEY=VALUE",
-                        help="a hyper-parameter of the method, e.g. threshold=tracking (repeatable)")
+                        help="a hyper-parameter of the method, e.g. threshold_scaling=tracking (repeatable)")
     parser.add_argument("--batch-size", type=int, default=16, help="per rank")
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9,
@@ -109,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, seed=args.seed,
                        evaluate_every=args.evaluate_every, schedule=args.schedule,
                        clip_norm=args.clip_norm, on_record=progress)
-    summary = summarize(records, skip=min(args.skip, args.steps - 1))
+    summary = summarize_run(records, skip=min(args.skip, args.steps - 1))
     config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     config.update(options=options, hyperparameters=_jsonable(algorithm.describe()),
                   python=platform.python_version(), torch=torch.__version__)

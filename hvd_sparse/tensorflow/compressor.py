@@ -1,9 +1,10 @@
 """The TensorFlow face: a Horovod ``Compressor`` that runs an hvd_sparse method.
 
 Horovod calls ``compress``/``decompress`` while it *traces* its gradient allreduce into a graph
-(``tf.function`` in eager mode, HOROVOD.md 1.4), so Python here runs once per trace, not once per
-step. The engine's step is ordinary eager Python, so it is embedded with ``tf.py_function``, which
-runs it every step; state (residuals, thresholds) stays in Python between steps.
+(``tf.function`` in eager mode: docs/architecture.md#tensorflow-face), so Python here runs once per
+trace, not once per step. The engine's step is ordinary eager Python, so it is embedded with
+``tf.py_function``, which runs it every step; state (residuals, thresholds) stays in Python
+between steps.
 
 * Scope "tensor": each gradient's step becomes py_function phases joined by Horovod graph ops
   (asynchronous kernels, named by the gradient's position), so tensors may complete in any order.
@@ -18,7 +19,6 @@ runs it every step; state (residuals, thresholds) stays in Python between steps.
 from __future__ import annotations
 
 import functools
-import sys
 import weakref
 from dataclasses import dataclass, field
 from typing import Any
@@ -37,25 +37,10 @@ from ..engine import Engine
 from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError, RankMismatchError
 from ..faces import FaceBase, refuse_reduction_op
+from .horovod_internals import calling_allreduce_op
 from .keras import refuse_keras3_under_horovod_keras
 
 _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
-
-
-def _calling_allreduce_op(compressor: Any) -> Any:
-    """The reduction op of the Horovod allreduce calling ``compressor.compress``, read from its
-    frame (Horovod passes the tensor alone, HOROVOD.md 1.4): the nearest caller whose locals hold
-    this compressor as ``compression`` and an ``op`` -- ``hvd.allreduce``/``grouped_allreduce``,
-    or the pieces AutoGraph makes of them inside ``tf.function``. None when called otherwise."""
-    frame = sys._getframe(2)
-    for _ in range(12):
-        if frame is None:
-            return None
-        names = frame.f_locals
-        if names.get("compression") is compressor and "op" in names:
-            return names["op"]
-        frame = frame.f_back
-    return None
 
 
 @dataclass
@@ -93,7 +78,7 @@ class SparseCompressor(FaceBase, Compressor):
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
         # Everything that cannot work is refused here, at trace time, on every rank: no
         # collective of the step has run yet.
-        refuse_reduction_op(_calling_allreduce_op(self), hvd)
+        refuse_reduction_op(calling_allreduce_op(self), hvd)
         if tf.executing_eagerly():
             raise ConfigurationError(
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "

@@ -2,14 +2,13 @@
 
 TF 2.21's default ``tf.keras`` is Keras 3. Horovod 0.28.1 predates it: its Keras
 ``DistributedOptimizer`` then runs ``model.fit`` without error but never synchronizes the
-weights (STACK.md). The supported way is tf-keras with ``TF_USE_LEGACY_KERAS=1`` set before
+weights (docs/architecture.md#keras). The supported way is tf-keras with ``TF_USE_LEGACY_KERAS=1`` set before
 TensorFlow is imported; everything here refuses Keras 3 with an error that says so.
 """
 
 from __future__ import annotations
 
 import os
-import sys
 from typing import Any
 
 from ..errors import ConfigurationError
@@ -40,12 +39,10 @@ def require_legacy_keras() -> None:
 
 def refuse_keras3_under_horovod_keras() -> None:
     """Raise if the caller is Horovod's Keras optimizer running on Keras 3 (checked at trace time)."""
-    frame = sys._getframe(1)
-    while frame is not None:
-        if f"horovod{os.sep}_keras" in frame.f_code.co_filename:
-            require_legacy_keras()
-            return
-        frame = frame.f_back
+    from .horovod_internals import called_from_horovod_keras
+
+    if called_from_horovod_keras():
+        require_legacy_keras()
 
 
 def DistributedOptimizer(optimizer: Any, compression: Any, **kwargs: Any) -> Any:

@@ -7,19 +7,11 @@
                                                        named_parameters=model.named_parameters()))
 """
 
-from .. import algorithms
-from ..faces import face_class
+from ..faces import face_classes
 from .compressor import SparseCompressor
 
-TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
-ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)
-MiCRO = face_class(SparseCompressor, algorithms.MiCRO, __name__)
-DEFT = face_class(SparseCompressor, algorithms.DEFT, __name__)
-LAGS = face_class(SparseCompressor, algorithms.LAGS, __name__)
-RandomK = face_class(SparseCompressor, algorithms.RandomK, __name__)
-Threshold = face_class(SparseCompressor, algorithms.Threshold, __name__)
-GaussianK = face_class(SparseCompressor, algorithms.GaussianK, __name__)
-DGC = face_class(SparseCompressor, algorithms.DGC, __name__)
+# One face class per registered method (TopK, ExDyna, ...), made in hvd_sparse/faces.py.
+FACES = face_classes(SparseCompressor, __name__)
+globals().update(FACES)
 
-__all__ = ["DEFT", "DGC", "LAGS", "ExDyna", "GaussianK", "MiCRO", "RandomK", "SparseCompressor",
-           "Threshold", "TopK"]
+__all__ = ["SparseCompressor", *sorted(FACES)]

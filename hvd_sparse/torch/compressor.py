@@ -2,7 +2,7 @@
 
 Stock ``hvd.DistributedOptimizer`` calls ``compress(grad)`` once per gradient (in a backward
 hook) and allreduces whatever it returns, then calls ``decompress`` for each gradient when the
-optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without patching Horovod:
+optimizer steps (docs/architecture.md#pytorch-face). This class lives inside that contract unpatched:
 
 * ``compress`` returns a one-element placeholder (Horovod's allreduce of it is tiny and fused)
   and files the gradient into its bucket (algorithms/base.py ``plan``: per tensor, the whole
@@ -25,7 +25,6 @@ optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without 
 
 from __future__ import annotations
 
-import sys
 import time
 import warnings
 from collections.abc import Iterable
@@ -35,7 +34,6 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 from horovod.torch.compression import Compressor
-from horovod.torch.optimizer import _DistributedAdasumOptimizer
 
 from ..algorithms.base import Algorithm
 from ..backends import get_backend
@@ -45,11 +43,10 @@ from ..engine import Engine
 from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError
 from ..faces import FaceBase, refuse_reduction_op
+from .horovod_internals import calling_optimizer_op
 
 _PLACEHOLDER_DTYPES = (torch.float16, torch.float32, torch.float64)
 _SPARSIFIABLE = (*_PLACEHOLDER_DTYPES, torch.bfloat16)
-# Horovod's Adasum optimizer calls compress on parameter deltas from this function.
-_ADASUM_COMPRESS_CALLER = _DistributedAdasumOptimizer._allreduce_grad_async.__code__
 
 
 class SparseCompressor(FaceBase, Compressor):
@@ -95,7 +92,7 @@ class SparseCompressor(FaceBase, Compressor):
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         # Refuse what cannot work before anything else: every rank fails here, none has issued a
         # collective of this step.
-        refuse_reduction_op(self._calling_optimizer_op(), hvd)
+        refuse_reduction_op(calling_optimizer_op(self), hvd)
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
         engine, protocols = self._ensure_engine(), self._protocols
@@ -157,21 +154,6 @@ class SparseCompressor(FaceBase, Compressor):
         return summed.numpy()
 
     # --- internals --------------------------------------------------------------------------------
-    def _calling_optimizer_op(self) -> Any:
-        """The reduction op of the Horovod optimizer calling ``compress``, read from its frame:
-        Horovod passes the tensor alone (HOROVOD.md 1.3). None when called otherwise."""
-        frame = sys._getframe(2)
-        for _ in range(4):  # compress <- [list comprehension <-] _(grouped_)allreduce_grad_async
-            if frame is None:
-                return None
-            if frame.f_code is _ADASUM_COMPRESS_CALLER:
-                return hvd.Adasum
-            owner = frame.f_locals.get("self")
-            if owner is not None and getattr(owner, "_compression", None) is self:
-                return getattr(owner, "op", None)
-            frame = frame.f_back
-        return None
-
     def _describe(self, tensor: torch.Tensor) -> str:
         for name, param in self._params_by_numel.get(tensor.numel(), ()):
             if param.grad is tensor:

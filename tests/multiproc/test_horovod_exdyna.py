@@ -16,8 +16,8 @@ pytestmark = pytest.mark.multiproc
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])
 def test_torch_exdyna(controller):
     stdout = assert_passed(launch("torch_exdyna.py", 4, controller, timeout=400), 4)
-    for config in ("exdyna/rebalance=exact", "exdyna/rebalance=neighbour", "exdyna/threshold=tracking",
-                   "micro/paper"):
+    for config in ("exdyna/rebalance=exact", "exdyna/rebalance=neighbour",
+                   "exdyna/threshold_scaling=tracking", "micro/paper"):
         assert stdout.count(f"CHECKED torch/{config} ") == 4
 
 

@@ -32,9 +32,9 @@ DETERMINISTIC = [  # same decisions on every backend: compared with NumPy exactl
     lambda: RandomK(0.05, seed=3), lambda: RandomK(0.05, shared_seed=True),
     lambda: Threshold(0.05), lambda: Threshold(0.05, threshold=0.5, pattern="union", scope="tensor"),
     lambda: Threshold(0.05, threshold=1e6),  # nothing passes: the fallback index, on the GPU
-    lambda: ExDyna(0.05), lambda: ExDyna(0.05, threshold="tracking"),
+    lambda: ExDyna(0.05), lambda: ExDyna(0.05, threshold_scaling="tracking"),
     lambda: ExDyna(0.05, rebalance="neighbour"), lambda: MiCRO(0.05),
-    lambda: ExDyna(0.5, threshold="tracking", band="symmetric"),  # heavy rebalancing
+    lambda: ExDyna(0.5, threshold_scaling="tracking", threshold_band="symmetric"),  # heavy rebalancing
     lambda: DEFT(0.05), lambda: DEFT(0.05, agreed_k=True), lambda: LAGS(0.05, merge_threshold=0),
 ]
 ITERATIVE = [lambda: GaussianK(0.05), lambda: GaussianK(0.05, variant="rescale"),

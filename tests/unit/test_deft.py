@@ -1,4 +1,4 @@
-"""DEFT (ALGORITHMS.md §4): its control decisions against hand-worked cases and properties, and
+"""DEFT (docs/algorithms.md#deft): its control decisions against hand-worked cases and properties, and
 whole steps on N simulated ranks against the independent reference in tests/reference_deft.py."""
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from hvd_sparse.engine import Engine
 NP = get_backend("numpy")
 
 
-# --- unit table (§4.2) ----------------------------------------------------------------------------
+# --- unit table (docs/algorithms.md#units) --------------------------------------------------------
 
 def test_unit_table_splits_only_tensors_strictly_larger_than_n_over_N():
     # n = 20, N = 2: 10 is not > 10, so no tensor is split.
@@ -70,7 +70,7 @@ def test_unit_table_tiles_the_vector_in_order(sizes, world):
         assert len(table) >= world
 
 
-# --- k split (§4.3 step 3) -----------------------------------------------------------------------
+# --- k split (docs/algorithms.md#splitting-k) ----------------------------------------------------
 
 def test_k_split_hand_worked():
     # Largest norm first: q = int(8 * 3/4) = 6; then int(2 * 1/1) = 2; then R_w = 0 -> floor 1.
@@ -113,7 +113,7 @@ def test_k_split_stays_within_its_bounds(case):
         assert sum(ks) >= k - 1
 
 
-# --- packing (§4.3 step 4) -----------------------------------------------------------------------
+# --- packing (docs/algorithms.md#packing) --------------------------------------------------------
 
 def test_packing_hand_worked():
     # k_u = 1 everywhere: cost = size. Largest first into the least-loaded bin:

@@ -44,7 +44,7 @@ NP = get_backend("numpy")
 OVER, UNDER = Fraction("1.05"), Fraction("0.95238")
 
 
-# --- the authors' numbers (ALGORITHMS.md §2.6) -----------------------------------------------------
+# --- the authors' numbers (docs/algorithms.md#sanity-numbers) --------------------------------------
 @pytest.mark.parametrize(("n", "block", "tail", "k", "lam", "shift"), [
     (11_173_962, 10_912, 74, 11_173, 4.730e-3, 10),       # ResNet-18 / CIFAR-10
     (11_220_132, 10_944, 13_476, 11_220, 4.720e-3, 10),   # ResNet-18 / CIFAR-100
@@ -84,7 +84,7 @@ def test_block_layout_always_covers_the_vector(n, size, blocks):
     assert block >= 1 and count >= size and tail >= 0 and count * block + tail == n
 
 
-# --- rotation (P6) -------------------------------------------------------------------------------
+# --- rotation (docs/algorithms.md#rotation-mapping) ----------------------------------------------
 def test_rank_owns_partition_t_plus_r_and_counts_map_back():
     size = 5
     for step in range(12):
@@ -97,7 +97,7 @@ def test_rank_owns_partition_t_plus_r_and_counts_map_back():
         assert [per_rank[r] for r in range(size)] == [per_partition[(step + r) % size] for r in range(size)]
 
 
-# --- the threshold rule (§2.4) -------------------------------------------------------------------
+# --- the threshold rule (docs/algorithms.md#threshold-scaling) -----------------------------------
 def test_paper_threshold_factor_and_its_dead_branch():
     k = 1000
     assert paper_factor(1101, k) == RAISE
@@ -105,12 +105,12 @@ def test_paper_threshold_factor_and_its_dead_branch():
     assert paper_factor(1000, k) == CREEP
     assert paper_factor(910, k) == CREEP           # 0.91 > 0.909
     assert paper_factor(909, k) == LOWER           # K/k = 0.909 exactly is below
-    assert paper_factor(950, k) == CREEP           # code band: raises even below target (P2)
+    assert paper_factor(950, k) == CREEP           # raises even below target: docs/algorithms.md#dead-branch
     assert paper_factor(950, k, band="symmetric") == DEAD
     assert paper_factor(1050, k, band="symmetric") == CREEP
 
 
-# --- the sweep (§2.3.1) ----------------------------------------------------------------------------
+# --- the sweep (docs/algorithms.md#the-sweep) ------------------------------------------------------
 def test_sweep_moves_one_block_from_overloaded_to_underloaded():
     blocks, moves = sweep([256, 256, 256, 256], [200, 100, 100, 100], union=500, n=32_768, block=32,
                           num_blocks=1024, over=OVER, under=UNDER)
@@ -217,7 +217,7 @@ def test_histogram_rebalancer_follows_a_concentrated_load_faster_than_the_sweep(
     scale = np.where(np.arange(n) < n // 10, 1.0, 0.05).astype(np.float32)
     waste = {}
     for mode in ("exact", "histogram"):
-        engines = [Engine(ExDyna(0.01, rebalance=mode, threshold="tracking"), NP, r, size)
+        engines = [Engine(ExDyna(0.01, rebalance=mode, threshold_scaling="tracking"), NP, r, size)
                    for r in range(size)]
         imbalances = []
         for _ in range(60):
@@ -234,10 +234,10 @@ def test_histogram_rebalancer_follows_a_concentrated_load_faster_than_the_sweep(
 def test_configuration_errors_name_the_fix():
     with pytest.raises(ConfigurationError, match="rebalance must be one of"):
         ExDyna(0.01, rebalance="ring")
-    with pytest.raises(ConfigurationError, match="under_band < 1 < over_band"):
-        ExDyna(0.01, over_band="0.9")
-    with pytest.raises(ConfigurationError, match="threshold must be one of"):
-        MiCRO(0.01, threshold="exact")
+    with pytest.raises(ConfigurationError, match="underload_ratio < 1 < overload_ratio"):
+        ExDyna(0.01, overload_ratio="0.9")
+    with pytest.raises(ConfigurationError, match="threshold_scaling must be one of"):
+        MiCRO(0.01, threshold_scaling="exact")
     with pytest.raises(ConfigurationError, match="histogram_decay must be in"):
         ExDyna(0.01, rebalance="histogram", histogram_decay=1.0)
     engines = [Engine(ExDyna(0.01), NP, r, 300) for r in range(300)]
@@ -258,8 +258,8 @@ def test_auto_blocks_lift_the_256_rank_limit():
 
 # --- simulated ranks --------------------------------------------------------------------------------
 METHODS = [
-    MiCRO(0.02), MiCRO(0.02, threshold="tracking"), ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
-    ExDyna(0.02, threshold="tracking", band="symmetric"), ExDyna(0.02, rebalance="off"),
+    MiCRO(0.02), MiCRO(0.02, threshold_scaling="tracking"), ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
+    ExDyna(0.02, threshold_scaling="tracking", threshold_band="symmetric"), ExDyna(0.02, rebalance="off"),
     ExDyna(0.02, rebalance="histogram"),
 ]
 
@@ -307,7 +307,7 @@ def test_exclusive_selection_union_and_error_feedback(algorithm, size):
 
 
 def test_single_rank_counts_its_own_selection():
-    """P4: with one rank, K_prev is that rank's count, so the threshold does not decay forever."""
+    """With one rank K_prev is its count, so λ does not decay forever (docs/algorithms.md#single-rank)."""
     engine = Engine(MiCRO(0.1), NP, 0, 1)
     rng = np.random.default_rng(0)
     for _ in range(200):   # λ0 = 0.05 is far below |g| ~ 1: K/k stays > 1.1, λ rises 0.5% a step
@@ -317,7 +317,7 @@ def test_single_rank_counts_its_own_selection():
 
 @pytest.mark.parametrize("algorithm", [ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
                                        ExDyna(0.02, rebalance="histogram"),
-                                       MiCRO(0.02, threshold="tracking")], ids=repr)
+                                       MiCRO(0.02, threshold_scaling="tracking")], ids=repr)
 def test_checkpoint_resumes_with_identical_decisions(algorithm):
     size, rng = 3, np.random.default_rng(5)
     batches = [[[rng.standard_normal(3000).astype(np.float32)] for _ in range(size)] for _ in range(30)]
@@ -359,8 +359,8 @@ def digits_runs():
     pytest.importorskip("sklearn")
     runs = {}
     for name, algorithm in [("micro", MiCRO(0.01)), ("exdyna", ExDyna(0.01)),
-                            ("micro-tracking", MiCRO(0.01, threshold="tracking")),
-                            ("exdyna-tracking", ExDyna(0.01, threshold="tracking"))]:
+                            ("micro-tracking", MiCRO(0.01, threshold_scaling="tracking")),
+                            ("exdyna-tracking", ExDyna(0.01, threshold_scaling="tracking"))]:
         runs[name] = sim.simulate(algorithm, 4, 1000, task="digits-mlp")
     return runs
 

@@ -16,12 +16,7 @@ from reference import expected_step, topk_indices
 
 from hvd_sparse import ConfigurationError, create
 from hvd_sparse.algorithms import LAGS
-from hvd_sparse.backends import get_backend
-from hvd_sparse.comm import ALLGATHER, ALLREDUCE
-from hvd_sparse.comm.horovod_torch import AsyncProtocols
-from hvd_sparse.comm.local import LocalGroup
-from hvd_sparse.engine import Engine
-from hvd_sparse.lags import (
+from hvd_sparse.algorithms.lags import (
     AssumptionMonitor,
     adaptive_density,
     backward_times,
@@ -29,6 +24,11 @@ from hvd_sparse.lags import (
     fit_allgather_model,
     plan_groups,
 )
+from hvd_sparse.backends import get_backend
+from hvd_sparse.comm import ALLGATHER, ALLREDUCE
+from hvd_sparse.comm.horovod_torch import AsyncProtocols
+from hvd_sparse.comm.local import LocalGroup
+from hvd_sparse.engine import Engine
 
 NP = get_backend("numpy")
 REPO = Path(__file__).resolve().parents[2]
@@ -57,7 +57,7 @@ def test_scope_follows_the_merge_threshold():
     assert create("lags", merge_threshold=0).merge_threshold == 0
 
 
-# --- the density rule (ALGORITHMS.md 5.2) -----------------------------------------------------------
+# --- the density rule (docs/algorithms.md#adaptive-density) -----------------------------------------
 @pytest.mark.parametrize(("comp", "size", "density", "expected"), [
     # t = 0.0035 - 1e-3*log2(4) = 0.0015; rho* = 0.0015 / (2*3*1e-8*1e5) = 0.25
     (0.0035, 4, 0.01, 0.25),
@@ -365,7 +365,7 @@ def test_async_protocols_record_issue_completion_and_waiting():
     assert protocols.timeline() == {} and protocols.wait_seconds == 0
 
 
-# --- the assumption check (ALGORITHMS.md 5.3) -----------------------------------------------------------
+# --- the assumption check (docs/algorithms.md#assumption-check) -----------------------------------------
 def test_assumption_delta_hand_worked():
     # d = 4, k = 1: top-k keeps 16 of 25, error 9; random-k expected error (1 - 1/4) * 25 = 18.75
     deltas = check_assumption({"w": np.array([3.0, -4.0, 0.0, 0.0]), "flat": np.ones(4)}, 0.25)

@@ -32,7 +32,7 @@ def run_cli(tmp_path, *args: str) -> dict:
 
 
 # --- the command line --------------------------------------------------------------------------------
-EXDYNA_MODES = [[], ["--option", "threshold=tracking"], ["--option", "rebalance=neighbour"]]
+EXDYNA_MODES = [[], ["--option", "threshold_scaling=tracking"], ["--option", "rebalance=neighbour"]]
 
 
 @pytest.mark.parametrize("options", EXDYNA_MODES, ids=["paper", "tracking", "neighbour"])

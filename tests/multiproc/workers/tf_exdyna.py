@@ -126,7 +126,7 @@ def main() -> None:
     hvd.init()
     run_tape({"rebalance": "exact"}, graph=True)
     run_tape({"rebalance": "neighbour"}, graph=True)
-    run_tape({"threshold": "tracking"}, graph=False)
+    run_tape({"threshold_scaling": "tracking"}, graph=False)
     run_keras()
     run_ungrouped_is_refused()
     print(f"PASSED rank={hvd.rank()} size={hvd.size()}", flush=True)

@@ -23,7 +23,7 @@ import hvd_sparse.torch as hs
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 DENSITY = 0.05
 CONFIGS = [("exdyna", {"rebalance": "exact"}), ("exdyna", {"rebalance": "neighbour"}),
-           ("exdyna", {"threshold": "tracking"}), ("micro", {})]
+           ("exdyna", {"threshold_scaling": "tracking"}), ("micro", {})]
 
 
 def run(method: str, options: dict) -> None:

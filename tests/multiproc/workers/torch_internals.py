@@ -1,0 +1,89 @@
+"""Worker: what hvd_sparse/torch/horovod_internals.py reads from Horovod, seen in a real job.
+
+A probe compressor records, inside ``compress``, the op ``calling_optimizer_op`` reads, for every
+way stock ``hvd.DistributedOptimizer`` calls it (per tensor, grouped, the Adasum optimizer) and
+every reduction, then stops the step; the op must be exactly the one the optimizer was given.
+Then ``hs.TopK`` must be refused under Adasum and other ops, and train under Average. Run by
+tests/multiproc/test_horovod_refusals.py; prints ``CHECKED torch/<case> rank=<r>``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import horovod.torch as hvd
+import torch
+from horovod.torch.compression import Compressor
+
+import hvd_sparse.torch as hs
+from hvd_sparse import ConfigurationError
+from hvd_sparse.torch.horovod_internals import calling_optimizer_op
+
+OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
+
+
+class ProbeStopError(Exception):
+    """Raised by the probe once it has recorded the op, so no collective of the step is issued."""
+
+
+class Probe(Compressor):
+    def __init__(self):
+        self.seen: list = []
+
+    def compress(self, tensor):
+        self.seen.append(calling_optimizer_op(self))
+        raise ProbeStopError
+
+    def decompress(self, tensor, ctx):
+        return tensor
+
+
+def backward_through(compression, op, groups=None) -> None:
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 4), torch.nn.Linear(4, 1))
+    named = list(model.named_parameters())
+    optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
+                                         named_parameters=named, compression=compression, op=op,
+                                         groups=groups)
+    model(torch.randn(4, 8)).sum().backward()
+    optimizer.step()
+
+
+def probe(case: str, op, groups=None) -> None:
+    compression = Probe()
+    with contextlib.suppress(ProbeStopError):
+        backward_through(compression, op, groups)
+    assert compression.seen == [op], f"{case}: read {compression.seen}, the optimizer has op={op}"
+    print(f"CHECKED torch/{case} rank={hvd.rank()}", flush=True)
+
+
+def refused(case: str, op, groups=None) -> None:
+    name = {hvd.Adasum: "Adasum", **{v: k for k, v in OPS.items()}}[op]
+    try:
+        backward_through(hs.TopK(0.5, prefix=f"refused.{case}"), op, groups)
+    except ConfigurationError as error:
+        assert f"op=hvd.{name}" in str(error), str(error)
+        print(f"CHECKED torch/{case} rank={hvd.rank()}", flush=True)
+        return
+    raise AssertionError(f"{case}: op=hvd.{name} was not refused")
+
+
+def main() -> None:
+    hvd.init()
+    assert hvd.size() > 1, "the Adasum optimizer is used only on more than one rank"
+    for name, op in OPS.items():
+        probe(f"probe/tensor/{name}", op)
+        probe(f"probe/grouped/{name}", op, groups=1)
+    probe("probe/adasum-optimizer", hvd.Adasum)
+    assert calling_optimizer_op(Probe()) is None          # not called from compress at all
+    refused("refused/adasum", hvd.Adasum)
+    refused("refused/sum", hvd.Sum)
+    refused("refused/grouped-min", hvd.Min, groups=1)
+    backward_through(hs.TopK(0.5, prefix="average"), hvd.Average)   # Average trains
+    print(f"CHECKED torch/average-trains rank={hvd.rank()}", flush=True)
+    assert hvd.allreduce(torch.ones(1), op=hvd.Sum, name="test.final").item() == hvd.size()
+    print(f"PASSED rank={hvd.rank()} size={hvd.size()}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
