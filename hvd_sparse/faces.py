@@ -26,6 +26,7 @@ from .algorithms.base import Algorithm, check_choice
 from .engine import Engine, summarize
 from .engine.core import NONFINITE_POLICIES
 from .errors import ConfigurationError
+from .registry import METHODS
 
 
 class FaceBase:
@@ -127,8 +128,6 @@ def refuse_reduction_op(op: Any, hvd: Any) -> None:
 def face_classes(base: type, module: str) -> dict[str, type]:
     """The face class of every registered method, by class name (``{"TopK": ..., ...}``), for
     the face module ``module`` to export."""
-    from .registry import METHODS
-
     return {cls.__name__: face_class(base, cls, module) for cls in METHODS.values()}
 
 

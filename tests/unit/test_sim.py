@@ -97,8 +97,8 @@ def test_option_values_and_refusals(tmp_path):
     with pytest.raises(SystemExit):
         main(["--method", "nonsense", "--steps", "1"])
     from hvd_sparse.errors import ConfigurationError
-    with pytest.raises(ConfigurationError, match="threshold"):
-        main(["--method", "exdyna", "--option", "threshold=magic", "--steps", "1"])
+    with pytest.raises(ConfigurationError, match="threshold_scaling"):
+        main(["--method", "exdyna", "--option", "threshold_scaling=magic", "--steps", "1"])
 
 
 # --- the dense baseline ---------------------------------------------------------------------------------

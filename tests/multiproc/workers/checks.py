@@ -75,3 +75,21 @@ def check_exclusive_step(rank: int, accs: np.ndarray, views: np.ndarray, applied
     residual[union] = 0
     np.testing.assert_array_equal(new_residual, residual, err_msg=f"{label}: residual differs")
     return union.size
+
+
+def check_op_refused(label: str, action, op_name: str, rank: int) -> None:
+    """``action`` must raise ConfigurationError naming ``op=hvd.<op_name>`` -- directly, or as the
+    error AutoGraph re-raises (a StagingError) while tracing a tf.function. Prints CHECKED."""
+    from hvd_sparse import ConfigurationError
+
+    try:
+        action()
+    except Exception as raised:  # the chain is searched below
+        chain = [raised]
+        while chain[-1].__cause__ or chain[-1].__context__:
+            chain.append(chain[-1].__cause__ or chain[-1].__context__)
+        assert any(isinstance(e, ConfigurationError) for e in chain), f"{label}: {chain}"
+        assert f"op=hvd.{op_name} cannot be combined" in str(raised), str(raised)
+        print(f"CHECKED {label} rank={rank}", flush=True)
+        return
+    raise AssertionError(f"{label}: op=hvd.{op_name} was not refused")

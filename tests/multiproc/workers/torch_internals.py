@@ -13,10 +13,10 @@ import contextlib
 
 import horovod.torch as hvd
 import torch
+from checks import check_op_refused
 from horovod.torch.compression import Compressor
 
 import hvd_sparse.torch as hs
-from hvd_sparse import ConfigurationError
 from hvd_sparse.torch.horovod_internals import calling_optimizer_op
 
 OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product}
@@ -59,13 +59,9 @@ def probe(case: str, op, groups=None) -> None:
 
 def refused(case: str, op, groups=None) -> None:
     name = {hvd.Adasum: "Adasum", **{v: k for k, v in OPS.items()}}[op]
-    try:
-        backward_through(hs.TopK(0.5, prefix=f"refused.{case}"), op, groups)
-    except ConfigurationError as error:
-        assert f"op=hvd.{name}" in str(error), str(error)
-        print(f"CHECKED torch/{case} rank={hvd.rank()}", flush=True)
-        return
-    raise AssertionError(f"{case}: op=hvd.{name} was not refused")
+    check_op_refused(f"torch/{case}",
+                     lambda: backward_through(hs.TopK(0.5, prefix=f"refused.{case}"), op, groups),
+                     name, hvd.rank())
 
 
 def main() -> None:
