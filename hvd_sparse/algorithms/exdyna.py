@@ -36,6 +36,7 @@ Named options (off in paper mode):
 
 from __future__ import annotations
 
+import numbers
 from fractions import Fraction
 from typing import Any
 
@@ -44,7 +45,7 @@ import numpy as np
 from ..comm import NEIGHBOURS, Collective, Protocol
 from ..errors import ConfigurationError
 from .base import StepContext, StepOutcome, check_choice
-from .micro import ExclusiveControl, MiCRO, owned_partition
+from .micro import ExclusiveControl, MiCRO, owned_partition, refuse_fewer_entries_than_ranks
 
 REBALANCE_MODES = ("exact", "neighbour", "histogram", "off")
 PAPER_BLOCKS = 1024
@@ -54,8 +55,7 @@ BLOCK_ALIGN = 32
 def block_layout(n: int, size: int, num_blocks: int) -> tuple[int, int, int]:
     """(number of blocks, block size, tail) for n elements: the paper's rule, and for small
     models the fallbacks described in the module docstring."""
-    if n < size:
-        raise ConfigurationError(f"cannot cut {n} gradient entries into {size} partitions")
+    refuse_fewer_entries_than_ranks("ExDyna", n, size)
     block = (n // num_blocks) // BLOCK_ALIGN * BLOCK_ALIGN
     if block == 0:
         num_blocks = n // BLOCK_ALIGN
@@ -193,9 +193,10 @@ class ExDyna(MiCRO):
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")
         self.histogram_decay = float(histogram_decay)
-        if not (num_blocks == "auto" or (isinstance(num_blocks, int) and num_blocks >= 1)):
+        if not (num_blocks == "auto" or (isinstance(num_blocks, numbers.Integral)
+                                         and not isinstance(num_blocks, bool) and num_blocks >= 1)):
             raise ConfigurationError(f"num_blocks must be a positive int or 'auto', got {num_blocks!r}")
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks if num_blocks == "auto" else int(num_blocks)
         self.over_band, self.under_band = str(over_band), str(under_band)
         self._over, self._under = Fraction(self.over_band), Fraction(self.under_band)
         if not self._under < 1 < self._over:

@@ -87,6 +87,7 @@ class SparseCompressor(FaceBase, Compressor):
         self._comm: HorovodTFComm | None = None
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inflight: dict[str, Any] = {}
+        self._config_checked = False
 
     # --- Horovod's interface (trace time) -------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python that builds the graph
@@ -99,7 +100,7 @@ class SparseCompressor(FaceBase, Compressor):
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "
                 "hvd.DistributedGradientTape, the Keras DistributedOptimizer, or inside tf.function")
         refuse_keras3_under_horovod_keras()
-        self._ensure_engine()
+        self._agree_on_config_once()
         trace = self._trace()
         check_gradient_dtype(getattr(tensor, "name", f"g{len(trace.stash)}"), tensor.dtype.name)
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else tf.float32
@@ -128,6 +129,19 @@ class SparseCompressor(FaceBase, Compressor):
             out = trace.outputs[ctx]
         with tf.control_dependencies([tensor]):  # keep Horovod's placeholder allreduce in the graph
             return tf.identity(out)
+
+    def _agree_on_config_once(self) -> None:
+        """At the first trace (every rank traces at its first step, before any collective of the
+        step), check eagerly that every rank runs the same method with the same options. The
+        layout is checked later: whole-model buckets at their first step; per-tensor steps not at
+        all (README: a rank with another model hangs in Horovod's own allreduce)."""
+        engine = self._ensure_engine()
+        if self._config_checked:
+            return
+        self._config_checked = True
+        with tf.init_scope():
+            if tf.executing_eagerly():  # not in TF1-style graph mode
+                run_blocking(engine.agree_on_config(None), self._comm.execute)
 
     def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         if not tf.executing_eagerly():

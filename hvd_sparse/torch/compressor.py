@@ -74,10 +74,16 @@ class SparseCompressor(FaceBase, Compressor):
         FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite)
         self._param_order: dict[str, int] = {}
         self._params_by_numel: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}
+        self._declared_layout: list | None = None   # the model's layout, from named_parameters
         if named_parameters is not None:
+            named_parameters = list(named_parameters)
             for position, (name, param) in enumerate(named_parameters):
                 self._param_order[name] = position
                 self._params_by_numel.setdefault(param.numel(), []).append((name, param))
+            dtype_name = get_backend("torch").dtype_name
+            self._declared_layout = [(name, tuple(param.shape), dtype_name(param))
+                                     for name, param in named_parameters if param.requires_grad]
+        self._config_checked = False
         self._protocols: AsyncProtocols | None = None
         self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys
         self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
@@ -99,6 +105,14 @@ class SparseCompressor(FaceBase, Compressor):
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
         engine, protocols = self._ensure_engine(), self._protocols
+        if not self._config_checked:
+            # The first gradient of the job, before Horovod has issued any collective of the step:
+            # every rank gets here, whatever its model. A rank with another method, options or
+            # (with named_parameters) another model fails now, with every other rank, instead of
+            # hanging on a collective the others never issue.
+            self._config_checked = True
+            run_blocking(engine.agree_on_config(self._declared_layout, like=tensor),
+                         protocols.comm.execute)
         if self._outstanding == 0:  # first gradient of a new step
             self._measuring = engine.measuring() and tensor.is_cuda
         if self._measuring:
@@ -123,6 +137,11 @@ class SparseCompressor(FaceBase, Compressor):
             self._flushed = True
             if set(self._arrived) != set(self._bucket_of):
                 self._make_plan()
+            if not engine.config_agreed():  # without named_parameters: the layout seen now
+                layout = [(key, tuple(t.shape), get_backend("torch").dtype_name(t))
+                          for keys in self._members.values() for key in keys
+                          for t in [self._arrived[key]]]
+                run_blocking(engine.agree_on_config(layout, like=tensor), protocols.comm.execute)
             for bucket in self._members:
                 if bucket not in self._started:
                     self._start(bucket)

@@ -1,0 +1,159 @@
+"""Bad shapes, ranks that disagree, odd inputs: every case either trains or fails the same way on
+every rank (N simulated ranks, comm/local.py, which raises where a real job would hang)."""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+import pytest
+
+from hvd_sparse import ConfigurationError, RankMismatchError, create
+from hvd_sparse.algorithms import TopK
+from hvd_sparse.backends import get_backend
+from hvd_sparse.comm.local import LocalGroup
+from hvd_sparse.engine import Engine
+from hvd_sparse.registry import available
+
+NP = get_backend("numpy")
+
+# Every method, and the ExDyna modes with their own code paths.
+VARIANTS = [(m, {}) for m in available()] + [
+    ("exdyna", {"rebalance": "neighbour"}), ("exdyna", {"rebalance": "histogram"}),
+    ("exdyna", {"threshold": "tracking"}), ("topk", {"pattern": "union"}),
+    ("randomk", {"shared_seed": True})]
+
+
+def run_steps(method, options, size, numel, steps=3, seed=0):
+    """Train ``steps`` steps of one bucket of ``numel`` entries on ``size`` ranks; returns each
+    rank's last output, or raises what every rank raised."""
+    engines = [Engine(create(method, density=0.1, **options), NP, r, size) for r in range(size)]
+    rng = np.random.default_rng(seed)
+    out = None
+    for _ in range(steps):
+        grads = [[rng.standard_normal(numel).astype(np.float32)] for _ in range(size)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = LocalGroup(size).run([e.step("model", grads[r]) for r, e in enumerate(engines)])
+            LocalGroup(size).run([e.end_step() for e in engines])
+    return out
+
+
+@pytest.mark.parametrize(("method", "options"), VARIANTS, ids=lambda v: str(v))
+@pytest.mark.parametrize("size", [2, 3, 4])
+def test_every_method_trains_or_refuses_tiny_models_on_every_rank(method, options, size):
+    for numel in sorted({1, size - 1, size, 31, 32 * size} - {0}):
+        try:
+            out = run_steps(method, options, size, numel)
+        except RankMismatchError as error:  # some rank raised while others went on: a hang
+            pytest.fail(f"{method} {options} N={size} n={numel}: {error}")
+        except ConfigurationError as error:
+            assert error.ranks_raised == list(range(size)), (method, numel, error)
+            assert numel < size, f"{method} {options} refused n={numel} at N={size}: {error}"
+            assert "use a larger model" in str(error), error
+            continue
+        for rank in range(1, size):
+            np.testing.assert_array_equal(out[rank][0], out[0][0])
+
+
+@pytest.mark.parametrize("method", ["micro", "exdyna", "deft"])
+def test_partitioned_methods_refuse_fewer_entries_than_ranks_naming_the_fix(method):
+    with pytest.raises(ConfigurationError, match="at least as many gradient entries as ranks") as raised:
+        run_steps(method, {}, 2, 1)
+    assert raised.value.ranks_raised == [0, 1]
+
+
+def agree(configs, layouts, size=2):
+    """Run the first-step configuration check of ``size`` ranks; returns the error or None."""
+    engines = [Engine(create(m, **o), NP, r, size) for r, (m, o) in enumerate(configs)]
+    try:
+        LocalGroup(size).run([e.agree_on_config(layouts[r]) for r, e in enumerate(engines)])
+    except RankMismatchError as error:
+        assert error.ranks_raised == list(range(size))
+        return str(error)
+    return None
+
+
+LAYOUT = [("conv.weight", (4, 3), "float32"), ("conv.bias", (4,), "float32"), ("fc.weight", (2, 4), "float32")]
+
+
+def test_identical_configurations_pass_the_check():
+    same = ("exdyna", {"density": 0.01})
+    assert agree([same, same], [LAYOUT, LAYOUT]) is None
+    # A NumPy scalar equal to the Python number is the same configuration.
+    assert agree([("topk", {"density": 0.5}), ("topk", {"density": np.float64(0.5)})],
+                 [LAYOUT, LAYOUT]) is None
+
+
+@pytest.mark.parametrize(("configs", "layouts", "expected"), [
+    ([("exdyna", {"density": 0.01}), ("exdyna", {"density": 0.02})], [LAYOUT, LAYOUT],
+     "density=0.01 on rank 0, 0.02 on rank 1"),
+    ([("exdyna", {"density": 0.01}), ("topk", {"density": 0.01})], [LAYOUT, LAYOUT],
+     "rank 0 runs 'exdyna', ranks [1] run 'topk'"),
+    ([("exdyna", {"density": 0.01}), ("micro", {"density": 0.01})], [LAYOUT, LAYOUT],
+     "method: rank 0 runs 'exdyna'"),
+    ([("exdyna", {}), ("exdyna", {"threshold": "tracking"})], [LAYOUT, LAYOUT],
+     "threshold='paper' on rank 0, 'tracking' on rank 1"),
+    ([("topk", {}), ("topk", {})], [LAYOUT, [*LAYOUT, ("extra.weight", (3,), "float32")]],
+     "only on rank 1: ['extra.weight']"),
+    ([("topk", {}), ("topk", {})], [LAYOUT, LAYOUT[::-1]], "same order on every rank"),
+    ([("topk", {}), ("topk", {})], [LAYOUT, [LAYOUT[0], ("conv.bias", (5,), "float32"), LAYOUT[2]]],
+     "conv.bias [4] float32 on rank 0, [5] float32 on rank 1"),
+    ([("topk", {}), ("topk", {})], [LAYOUT, None], "named_parameters was passed to the compressor on rank 0"),
+])
+def test_configurations_that_differ_fail_on_every_rank_naming_the_difference(configs, layouts, expected):
+    message = agree(configs, layouts)
+    assert message is not None and expected in message, message
+
+
+def test_the_check_names_every_rank_that_differs():
+    configs = [("topk", {"density": 0.1})] * 2 + [("topk", {"density": 0.2})] * 2
+    message = agree(configs, [LAYOUT] * 4, size=4)
+    assert "differ on ranks [2, 3]" in message
+
+
+def test_a_bucket_that_differs_across_ranks_is_refused_at_its_first_step():
+    engines = [Engine(TopK(0.1), NP, r, 2) for r in range(2)]
+    grads = [[np.ones(10, np.float32)], [np.ones(12, np.float32)]]
+    with pytest.raises(RankMismatchError, match=r"model \[10\] float32 on rank 0, \[12\] float32"):
+        LocalGroup(2).run([e.step("model", grads[r]) for r, e in enumerate(engines)])
+
+
+def test_numpy_scalar_hyperparameters_are_accepted():
+    assert TopK(np.float32(0.25)).density == 0.25
+    assert isinstance(TopK(np.float32(0.01)).density, float)
+    assert create("exdyna", density=np.float64(0.01), num_blocks=np.int64(64)).num_blocks == 64
+    with pytest.raises(ConfigurationError, match=r"real number in \(0, 1\] \(e.g. 0.01\), got '0.01' of type str"):
+        TopK("0.01")
+    with pytest.raises(ConfigurationError, match="real number"):
+        TopK(np.bool_(True))
+
+
+@pytest.mark.parametrize("method", ["topk", "randomk", "gaussiank", "dgc", "threshold"])
+def test_zero_size_tensors_are_passed_through_without_a_collective(method):
+    options = {"scope": "tensor"} if method == "threshold" else {}
+    engines = [Engine(create(method, density=0.5, **options), NP, r, 2) for r in range(2)]
+
+    def step(engine):
+        empty = yield from engine.step("empty", [np.zeros((0, 3), np.float32)])
+        full = yield from engine.step("w", [np.ones(4, np.float32)])
+        return empty, full
+
+    outputs = LocalGroup(2).run([step(e) for e in engines])
+    assert outputs[0][0][0].shape == (0, 3)
+    assert engines[0].schedule("empty", 0, ("float32",)) == []
+    assert "empty" not in engines[0].buckets
+
+
+def test_residual_norm_is_kept_on_a_step_a_rank_skipped():
+    size = 2
+    engines = [Engine(TopK(0.25), NP, r, size) for r in range(size)]
+    grads = [[np.array([1.0, 2.0, 3.0, 4.0], np.float32)] for _ in range(size)]
+    LocalGroup(size).run([e.step("w", grads[r]) for r, e in enumerate(engines)])
+    before = engines[1].stats()["residual_norm"]
+    assert before == pytest.approx(np.sqrt(1 + 4 + 9))
+    grads[1][0][0] = np.nan
+    with pytest.warns(RuntimeWarning, match="non-finite"):
+        LocalGroup(size).run([e.step("w", grads[r]) for r, e in enumerate(engines)])
+    assert engines[1].stats()["residual_norm"] == pytest.approx(before)   # kept, and reported
+    assert engines[1].stats()["nonfinite_steps"] == 1
