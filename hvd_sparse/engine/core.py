@@ -67,6 +67,7 @@ class Bucket:
     control: Any = None
     stats: BucketStats | None = None
     nonfinite_steps: int = 0
+    sent: tuple | None = None       # (indices, values) of the last step, for take_back
 
 
 def check_gradient_dtype(key: str, dtype: str) -> None:
@@ -120,6 +121,7 @@ class Engine:
         if all(b.numel(t) == 0 for t in tensors):
             return list(tensors)
         bucket = self._bucket(key, tensors)
+        bucket.sent = None
         name = f"{self.prefix}.{key}"
         if check_layout and not self._agreed & {key, "*"} and self.size > 1:
             yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
@@ -185,13 +187,20 @@ class Engine:
             bytes_sent = bytes_received = selected * vsz
         else:  # pragma: no cover  (patterns are validated by Algorithm.__init__)
             raise ConfigurationError(f"unknown pattern {pattern!r}")
+        sent_at = idx if pattern == GATHER else result[0]
         if self.nonfinite == "raise" and not b.all_finite(received):
+            if finite:  # nothing of the step is applied: the residual keeps all of g + e
+                bucket.residual = self._put_back(acc, sent_at, values)
             raise FloatingPointError(
                 f"hvd_sparse: non-finite gradient in {key!r} at step {bucket.step} on at least one "
-                "rank (raised on every rank); pass nonfinite='skip' to drop such a rank's "
-                "contribution for the step instead")
+                "rank (raised on every rank; this step was applied nowhere and every rank keeps its "
+                "residual, the step counter unchanged). In PyTorch training can go on: catch it "
+                "around optimizer.step(), then call optimizer.load_state_dict(optimizer.state_dict()) "
+                "and optimizer.zero_grad() (README, 'Non-finite gradients'). Or pass "
+                "nonfinite='skip' to drop such a rank's contribution for the step instead")
         if finite:
             bucket.residual = acc
+        bucket.sent = (sent_at, values) if finite and self.nonfinite == "raise" else None
 
         target_k = self.algorithm.target_k(bucket.control, ctx)
         bucket.control = self.algorithm.observe(
@@ -270,6 +279,24 @@ class Engine:
         total, riders = b.numel(received), b.numel(extra)
         summed = b.to_numpy(b.cast(b.slice(received, total - riders, total), "float64"))
         return b.slice(received, 0, total - riders), summed
+
+    def take_back(self, keys: list[str]) -> None:
+        """Undo, on this rank, the last step of these buckets: what each sent goes back into its
+        residual and its step counter goes back by one (control states stay as they are, the same
+        on every rank). For a step that another bucket aborted with a non-finite gradient under
+        ``nonfinite="raise"``, so that the step is applied nowhere. Only under that policy."""
+        for key in keys:
+            bucket = self.buckets.get(key)
+            if bucket is not None and bucket.sent is not None:
+                bucket.residual = self._put_back(bucket.residual, *bucket.sent)
+                bucket.sent = None
+                bucket.step -= 1
+
+    def _put_back(self, residual: Any, idx: Any, values: Any) -> Any:
+        """The residual with the values sent at idx added back (exact: with a lower transport
+        precision the residual held the rounding error there)."""
+        b = self.backend
+        return b.put(residual, idx, b.take(residual, idx) + b.cast(values, b.dtype_name(residual)))
 
     def _send(self, bucket: Bucket, acc: Any, idx: Any, poison: bool) -> tuple[Any, Any]:
         """Values to send at idx, and the residual left behind (exact error feedback)."""

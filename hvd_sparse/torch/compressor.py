@@ -145,7 +145,15 @@ class SparseCompressor(FaceBase, Compressor):
             for bucket in self._members:
                 if bucket not in self._started:
                     self._start(bucket)
-            protocols.finish_all()
+            try:
+                protocols.finish_all()
+            except Exception:
+                # Raised on every rank alike (a non-finite gradient with nonfinite="raise"): the
+                # buckets that finished take their step back, so it is applied nowhere, and the
+                # next compress begins a new step (README, "Non-finite gradients").
+                engine.take_back(list(protocols.results))
+                self._outstanding = 0
+                raise
             ready = {bucket: max(self._arrival[key] for key in keys)
                      for bucket, keys in self._members.items()}
             run_blocking(engine.end_step(ready), protocols.comm.execute)
