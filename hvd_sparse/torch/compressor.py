@@ -14,6 +14,13 @@ optimizer steps (HOROVOD.md 1.3). This class lives inside that contract without 
   all of them -- and drives all protocols to completion, phase by phase; then runs the
   algorithm's once-per-step protocol (``Engine.end_step``, blocking: every rank is there) with the
   time each bucket became ready; later calls return their piece.
+* The first ``compress`` of the job checks, with one tiny blocking allgather, that every rank
+  runs the same method and options on the same parameters (engine/agreement.py): no collective
+  of the step has been issued yet on any rank, so a rank that differs, even by an extra layer,
+  fails with the others instead of hanging (the layout is known there only from
+  ``named_parameters``; without it, it is checked at the first ``decompress``). A step that
+  raises on every rank (``nonfinite="raise"``) finishes every other bucket's collectives, takes
+  their step back and leaves the face ready for the next step.
 * Timing is cheap: one clock read per ``compress`` and a non-blocking poll of the oldest bucket
   in flight, so ``stats()`` can say how long the step waited on communication
   (``comm_wait_seconds``) against how long communication was in flight
@@ -60,11 +67,13 @@ class SparseCompressor(FaceBase, Compressor):
         named_parameters: the model's ``named_parameters()`` (recommended). Gradients are then
             matched to parameters by identity and collectives are named after the parameter;
             without it they are named by their order within the step, which relies on every rank
-            running the backward hooks in the same order.
+            running the backward hooks in the same order. With it, the first gradient hook also
+            checks that every rank has the same model (README, "Ranks that disagree").
         process_set: the Horovod process set the optimizer reduces over (default: global).
         prefix: prefix of every collective's name; give two compressors in one job distinct ones.
         nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
-            the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
+            the residual, warn), "raise" (every rank raises FloatingPointError; the step is
+            applied nowhere and training can go on, README "Non-finite gradients") or "ignore".
     """
 
     framework = "torch"

@@ -4,6 +4,7 @@ step that training goes on after, and a rank that dies mid-training (workers/tor
 
 from __future__ import annotations
 
+import re
 import subprocess
 import time
 
@@ -41,6 +42,15 @@ def test_mismatch_and_nonfinite_under_mpi():
     assert stdout.count("CHECKED nonfinite/") == 2 * 2
 
 
+@pytest.mark.timeout(300)
+def test_tensorflow_mismatch_and_nonfinite():
+    stdout = assert_passed(launch("tf_robust.py", 2, "gloo", timeout=280), 2)
+    for case in ("density", "method", "density-tensor", "extra-layer-ExDyna"):
+        assert stdout.count(f"CHECKED mismatch/{case} ") == 2, case
+    for case in ("exdyna", "topk-tensor"):
+        assert stdout.count(f"CHECKED nonfinite/{case} ") == 2, case
+
+
 @pytest.mark.timeout(200)
 @pytest.mark.parametrize("how", ["kill", "exit"])
 @pytest.mark.parametrize("method", ["exdyna", "topk"])
@@ -53,9 +63,12 @@ def test_a_dead_rank_ends_the_job_on_every_survivor(controller, method, how):
         result = launch("torch_robust.py", 3, controller, ["die", method, how], timeout=170)
     except subprocess.TimeoutExpired as expired:
         pytest.fail(f"the job hung after rank 1 died:\n{(expired.stdout or b'')[-3000:]!r}")
-    seconds = time.monotonic() - started
+    ended, seconds = time.time(), time.monotonic() - started
     output = result.stdout + result.stderr
-    assert "DYING rank=1" in result.stdout, output[-4000:]
+    died = re.search(r"DYING rank=1 how=\w+ at=([\d.]+)", result.stdout)
+    assert died, output[-4000:]
+    after_death = ended - float(died.group(1))
+    assert after_death < 90, f"the job took {after_death:.0f} s to end after rank 1 died"
     assert result.returncode != 0, output[-4000:]
     assert "SURVIVOR_FINISHED" not in result.stdout, output[-4000:]
     survivors = [r for r in (0, 2) if f"SURVIVOR_ERROR rank={r}" in result.stdout]
@@ -63,4 +76,5 @@ def test_a_dead_rank_ends_the_job_on_every_survivor(controller, method, how):
         assert survivors == [0, 2], output[-4000:]
     else:   # Open MPI may terminate the survivors itself before they can print
         assert survivors == [0, 2] or "mpirun" in output or "MPI" in output, output[-4000:]
-    print(f"{controller}/{method}/{how}: ended in {seconds:.1f} s, survivors reporting {survivors}")
+    print(f"{controller}/{method}/{how}: job of {seconds:.1f} s ended {after_death:.1f} s after rank 1 "
+          f"died, survivors reporting {survivors}")

@@ -26,6 +26,7 @@ import os
 import re
 import signal
 import sys
+import time
 import warnings
 
 import horovod.torch as hvd
@@ -198,7 +199,7 @@ def die(method: str, how: str, rank: int) -> None:
     try:
         for step in range(400):
             if step == 20 and rank == 1:
-                print(f"DYING rank={rank} how={how}", flush=True)
+                print(f"DYING rank={rank} how={how} at={time.time():.3f}", flush=True)
                 if how == "kill":
                     os.kill(os.getpid(), signal.SIGKILL)
                 sys.exit(0)
