@@ -86,7 +86,7 @@ def worker(args: argparse.Namespace) -> None:
             density.append(stats["density_actual"])
             if step % SAMPLE_EVERY == 0 or step == args.steps - 1:
                 samples.append((step, stats["residual_norm"], rss_mb()))
-                losses.append((step, float(loss)))
+                losses.append((step, loss.item()))
         seconds = time.perf_counter() - started
         weights = b"".join(p.detach().numpy().tobytes() for p in model.parameters())
         runs[label] = {"density": density, "samples": samples, "loss": losses, "seconds": seconds,

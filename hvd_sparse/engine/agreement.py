@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import json
 import numbers
+import re
 from typing import Any
 
 import numpy as np
@@ -123,6 +124,10 @@ def _describe_layout(mine: list | None, theirs: list | None, odd: list[int], fir
     other = {t[0]: (t[1], t[2]) for t in theirs}
     diffs = [f"{n} {shape} {dtype} on rank 0, {other[n][0]} {other[n][1]} on rank {first}"
              for n, shape, dtype in mine if (shape, dtype) != other[n]]
+    # PyTorch without named_parameters names gradients by their arrival ("t0", "t1", ...): a rank
+    # whose backward hooks ran in another order shows the same model with shapes in another order.
+    by_arrival = all(re.fullmatch(r"t\d+", n) for n in names)
     return (f"tensor shapes or dtypes differ on ranks {odd}: " + "; ".join(diffs[:5]) +
-            ": every rank must train the same model (in PyTorch, pass named_parameters so that "
-            "tensors are matched by name)")
+            ": every rank must train the same model" +
+            (" (if they do, pass named_parameters to the compressor so that gradients are matched by "
+             "name, not by the order of the backward hooks)" if by_arrival else ""))

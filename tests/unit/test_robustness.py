@@ -207,3 +207,12 @@ def test_take_back_puts_a_finished_bucket_step_back_into_its_residual():
         assert engine.buckets["a"].step == 1 and engine.buckets["b"].step == 0
         engine.take_back(["a"])    # only once
         assert engine.buckets["a"].step == 1
+
+
+def test_shape_advice_names_named_parameters_only_where_gradients_were_matched_by_arrival():
+    by_name = agree([("topk", {})] * 2, [LAYOUT, [LAYOUT[0], ("conv.bias", (5,), "float32"), LAYOUT[2]]])
+    assert "named_parameters" not in by_name
+    arrival = [("t0", (4, 3), "float32"), ("t1", (4,), "float32")]
+    other_hook_order = [("t0", (4,), "float32"), ("t1", (4, 3), "float32")]
+    by_arrival = agree([("topk", {})] * 2, [arrival, other_hook_order])
+    assert "pass named_parameters to the compressor" in by_arrival
