@@ -26,6 +26,8 @@ def test_every_rank_ends_the_same_way(size, parts):
     for rank in range(size):
         assert f"CHECKED sweep/micro/n=1 ConfigurationError rank={rank}" in stdout
         assert f"CHECKED sweep/topk/n=1 ok rank={rank}" in stdout
+    for method in ("topk", "lags", "exdyna"):
+        assert stdout.count(f"CHECKED empty/{method} ") == size, method
     if "mismatch" in parts:
         for case in ("density", "method-topk", "method-micro", "method-deft", "hyperparameter",
                      "wider-layer", "order", "extra-layer-ExDyna", "extra-layer-DEFT",
@@ -51,10 +53,13 @@ def test_tensorflow_mismatch_and_nonfinite():
         assert stdout.count(f"CHECKED nonfinite/{case} ") == 2, case
 
 
+# Each method under each controller, each way of dying under each controller (4 jobs, not 8).
+DEATHS = [("gloo", "exdyna", "kill"), ("gloo", "topk", "exit"), ("mpi", "exdyna", "exit"),
+          ("mpi", "topk", "kill")]
+
+
 @pytest.mark.timeout(200)
-@pytest.mark.parametrize("how", ["kill", "exit"])
-@pytest.mark.parametrize("method", ["exdyna", "topk"])
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
+@pytest.mark.parametrize(("controller", "method", "how"), DEATHS)
 def test_a_dead_rank_ends_the_job_on_every_survivor(controller, method, how):
     """Rank 1 of 3 dies at step 20 (SIGKILL or sys.exit); the job must end, with an error on the
     survivors (printed by them, or Open MPI's abort of the job), well within Horovod's timeouts."""

@@ -7,7 +7,8 @@ parts, each printing ``CHECKED <part>/<case> rank=<r>`` per case that holds on t
 * ``sweep``: every method (and the ExDyna modes with their own code) on a one-tensor model of n
   entries, n in {1, N-1, N, 31, 32 N}: three steps, then every rank's outcome -- its weights, or
   its error's type and message -- is gathered; they must be identical on every rank, and an error
-  is allowed only for n < N, naming a fix.
+  is allowed only for n < N, naming a fix. Then a model with a zero-size parameter, which every
+  method must train (``CHECKED empty/<method>``).
 * ``mismatch`` (2 ranks): rank 1 builds another density, method, hyper-parameter, model (an extra
   layer, a wider layer) or parameter order; every rank must raise RankMismatchError naming it.
 * ``nonfinite``: nonfinite="raise", a NaN on rank 1 at one step; every rank raises, recovers as
@@ -70,7 +71,7 @@ def train(model: torch.nn.Module, compression, steps: int, nan_at: int | None = 
 
 def model_inputs(model: torch.nn.Module) -> torch.Tensor:
     torch.manual_seed(1)
-    width = model.in_features if isinstance(model, Vector) else model[0].in_features
+    width = model.in_features if isinstance(model, (Vector, WithEmpty)) else model[0].in_features
     return torch.randn(4, width)
 
 
@@ -85,6 +86,20 @@ class Vector(torch.nn.Module):
 
     def forward(self, x):
         return x * self.w
+
+
+class WithEmpty(torch.nn.Module):
+    """A linear layer and a zero-size parameter that takes part in the loss."""
+
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.in_features = 8
+        self.fc = torch.nn.Linear(8, 4)
+        self.empty = torch.nn.Parameter(torch.zeros(0, 4))
+
+    def forward(self, x):
+        return self.fc(x) + self.empty.sum()
 
 
 def mlp(*widths: int) -> torch.nn.Sequential:
@@ -113,6 +128,19 @@ def sweep(size: int, rank: int) -> None:
                 assert n < size and kind == "ConfigurationError", f"{label}: {results[0]}"
                 assert "use a larger model" in detail, f"{label}: {detail}"
             print(f"CHECKED sweep/{label} {kind} rank={rank}", flush=True)
+    # A zero-size parameter next to a real layer: passed through by every method.
+    for method, options in (("topk", {}), ("lags", {"merge_threshold": 0}), ("exdyna", {})):
+        model = WithEmpty()
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+
+        def body(model=model, method=method, options=options):
+            compression = hvd_sparse.create(method, framework="torch", density=0.1, prefix=f"empty.{method}",
+                                            named_parameters=list(model.named_parameters()), **options)
+            return train(model, compression, 3)
+
+        results = outcome(f"empty.{method}", body)
+        assert results[0][0] == "ok" and all(r == results[0] for r in results), f"{method}: {results}"
+        print(f"CHECKED empty/{method} rank={rank}", flush=True)
 
 
 def mismatch(size: int, rank: int) -> None:
