@@ -216,3 +216,17 @@ def test_shape_advice_names_named_parameters_only_where_gradients_were_matched_b
     other_hook_order = [("t0", (4,), "float32"), ("t1", (4, 3), "float32")]
     by_arrival = agree([("topk", {})] * 2, [arrival, other_hook_order])
     assert "pass named_parameters to the compressor" in by_arrival
+
+
+@pytest.mark.parametrize("method", available())
+def test_a_bucket_holding_a_zero_size_tensor_trains(method):
+    engines = [Engine(create(method, density=0.2), NP, r, 2) for r in range(2)]
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        grads = [np.zeros((0, 3), np.float32), rng.standard_normal(20).astype(np.float32)]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            out = LocalGroup(2).run([e.step("model", grads) for e in engines])
+            LocalGroup(2).run([e.end_step() for e in engines])
+    assert out[0][0].shape == (0, 3)
+    np.testing.assert_array_equal(out[0][1], out[1][1])
