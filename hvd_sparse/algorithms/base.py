@@ -76,11 +76,20 @@ class StepEnd:
     like: Any                         # a tensor on the buckets' device, for collective payloads
 
 
+def is_real(value: Any) -> bool:
+    """A real number, NumPy scalars included (``np.float32(0.5)``), booleans excluded."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def is_integer(value: Any) -> bool:
+    """An integer, NumPy integers included (``np.int64(8)``), booleans excluded."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_density(density: Any) -> float:
     """Validate a target density, raising an error that names the fix. Any real number is
     accepted (NumPy scalars such as ``np.float32(0.01)`` included) and kept as a Python float."""
-    if isinstance(density, (bool, np.bool_)) or not isinstance(density, numbers.Real) or \
-            not math.isfinite(density):
+    if not is_real(density) or not math.isfinite(density):
         raise ConfigurationError(
             f"density must be a real number in (0, 1] (e.g. 0.01), got {density!r} of type "
             f"{type(density).__name__}")

@@ -36,7 +36,6 @@ Named options (off in paper mode):
 
 from __future__ import annotations
 
-import numbers
 from fractions import Fraction
 from typing import Any
 
@@ -44,7 +43,7 @@ import numpy as np
 
 from ..comm import NEIGHBOURS, Collective, Protocol
 from ..errors import ConfigurationError
-from .base import StepContext, StepOutcome, check_choice
+from .base import StepContext, StepOutcome, check_choice, is_integer
 from .micro import ExclusiveControl, MiCRO, owned_partition, refuse_fewer_entries_than_ranks
 
 REBALANCE_MODES = ("exact", "neighbour", "histogram", "off")
@@ -193,8 +192,7 @@ class ExDyna(MiCRO):
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")
         self.histogram_decay = float(histogram_decay)
-        if not (num_blocks == "auto" or (isinstance(num_blocks, numbers.Integral)
-                                         and not isinstance(num_blocks, bool) and num_blocks >= 1)):
+        if not (num_blocks == "auto" or (is_integer(num_blocks) and num_blocks >= 1)):
             raise ConfigurationError(f"num_blocks must be a positive int or 'auto', got {num_blocks!r}")
         self.num_blocks = num_blocks if num_blocks == "auto" else int(num_blocks)
         self.over_band, self.under_band = str(over_band), str(under_band)

@@ -230,3 +230,21 @@ def test_a_bucket_holding_a_zero_size_tensor_trains(method):
             LocalGroup(2).run([e.end_step() for e in engines])
     assert out[0][0].shape == (0, 3)
     np.testing.assert_array_equal(out[0][1], out[1][1])
+
+
+@pytest.mark.parametrize(("method", "options"), [
+    ("dgc", {"momentum": np.float32(0.9), "clip_norm": np.float64(1.0), "max_adaptation_iters": np.int64(5),
+             "warmup_epochs": np.int32(1), "seed": np.int64(3)}),
+    ("lags", {"merge_threshold": np.int64(0), "profile_steps": np.int32(2), "alpha": np.float32(1e-4),
+              "beta": np.float32(1e-9), "calibration_sizes": (np.int64(8), np.int64(64)),
+              "calibration_repeats": np.int64(2), "min_density": np.float32(0.001)}),
+    ("threshold", {"threshold": np.float32(0.5)}),
+    ("gaussiank", {"max_loops": np.int64(3)}),
+    ("randomk", {"seed": np.int64(4)}),
+    ("exdyna", {"num_blocks": np.int64(64), "histogram_decay": np.float32(0.5)}),
+])
+def test_numpy_scalar_options_are_accepted_and_kept_as_python_numbers(method, options):
+    algorithm = create(method, density=np.float32(0.05), **options)
+    for value in algorithm.describe().values():
+        assert not isinstance(value, np.generic), (method, algorithm.describe())
+    run_steps(method, options, 2, 64)   # and it trains
