@@ -37,7 +37,8 @@ class FaceBase:
         process_set: the Horovod process set the gradients are reduced over (default: global).
         prefix: prefix of every collective's name; give two compressors in one job distinct ones.
         nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
-            the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
+            the residual, warn), "raise" (every rank raises FloatingPointError; the step is
+            applied nowhere and training can go on, README "Non-finite gradients") or "ignore".
     """
 
     framework: ClassVar[str] = "abstract"

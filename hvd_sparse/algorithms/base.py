@@ -22,8 +22,11 @@ checkpoints -- so a method module says only what is specific to it:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 from typing import Any, ClassVar
+
+import numpy as np
 
 from ..backends import Backend
 from ..comm import Protocol, finished
@@ -77,10 +80,23 @@ class StepEnd:
     like: Any                         # a tensor on the buckets' device, for collective payloads
 
 
+def is_real(value: Any) -> bool:
+    """A real number, NumPy scalars included (``np.float32(0.5)``), booleans excluded."""
+    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
+
+
+def is_integer(value: Any) -> bool:
+    """An integer, NumPy integers included (``np.int64(8)``), booleans excluded."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
+
+
 def check_density(density: Any) -> float:
-    """Validate a target density, raising an error that names the fix."""
-    if isinstance(density, bool) or not isinstance(density, (int, float)) or not math.isfinite(density):
-        raise ConfigurationError(f"density must be a number in (0, 1], got {density!r}")
+    """Validate a target density, raising an error that names the fix. Any real number is
+    accepted (NumPy scalars such as ``np.float32(0.01)`` included) and kept as a Python float."""
+    if not is_real(density) or not math.isfinite(density):
+        raise ConfigurationError(
+            f"density must be a real number in (0, 1] (e.g. 0.01), got {density!r} of type "
+            f"{type(density).__name__}")
     if not 0.0 < density <= 1.0:
         raise ConfigurationError(
             f"density must be in (0, 1] (the fraction of gradient entries sent each step, e.g. 0.01),"

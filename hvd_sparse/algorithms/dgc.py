@@ -49,7 +49,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigurationError
-from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, StepOutcome
+from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, StepOutcome, is_integer, is_real
 from .randomk import bucket_seed
 
 
@@ -110,7 +110,7 @@ def _host_copy(x: Any) -> np.ndarray | None:
 
 
 def _number(option: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if not is_real(value) or not math.isfinite(value):
         raise ConfigurationError(f"{option} must be a number, got {value!r}")
     if value < low or value > high or (low_open and value == low):
         bracket = "(" if low_open else "["
@@ -164,12 +164,12 @@ class DGC(Algorithm):
         self.lower = _number("lower", lower, 0.0, 1.0, True)
         for option, count in (("max_adaptation_iters", max_adaptation_iters),
                               ("warmup_epochs", warmup_epochs), ("seed", seed)):
-            if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            if not is_integer(count) or count < 0:
                 raise ConfigurationError(f"{option} must be a non-negative integer, got {count!r}")
-        self.max_adaptation_iters = max_adaptation_iters
+        self.max_adaptation_iters = int(max_adaptation_iters)
         self.resample = resample
-        self.warmup_epochs = warmup_epochs
-        self.seed = seed
+        self.warmup_epochs = int(warmup_epochs)
+        self.seed = int(seed)
         self._epoch = 0
 
     # --- warm-up ----------------------------------------------------------------------------------

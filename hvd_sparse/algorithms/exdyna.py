@@ -44,8 +44,8 @@ import numpy as np
 from ..comm import NEIGHBOURS, Collective, Protocol
 from ..errors import ConfigurationError
 from ..renamed import renamed_options
-from .base import StepContext, StepOutcome, check_choice
-from .micro import ExclusiveControl, MiCRO, owned_partition
+from .base import StepContext, StepOutcome, check_choice, is_integer
+from .micro import ExclusiveControl, MiCRO, owned_partition, refuse_fewer_entries_than_ranks
 
 REBALANCE_MODES = ("exact", "neighbour", "histogram", "off")
 PAPER_BLOCKS = 1024
@@ -55,8 +55,7 @@ BLOCK_ALIGN = 32
 def block_layout(n: int, size: int, num_blocks: int) -> tuple[int, int, int]:
     """(number of blocks, block size, tail) for n elements: the paper's rule, and for small
     models the fallbacks described in the module docstring."""
-    if n < size:
-        raise ConfigurationError(f"cannot cut {n} gradient entries into {size} partitions")
+    refuse_fewer_entries_than_ranks("ExDyna", n, size)
     block = (n // num_blocks) // BLOCK_ALIGN * BLOCK_ALIGN
     if block == 0:
         num_blocks = n // BLOCK_ALIGN
@@ -198,9 +197,9 @@ class ExDyna(MiCRO):
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")
         self.histogram_decay = float(histogram_decay)
-        if not (num_blocks == "auto" or (isinstance(num_blocks, int) and num_blocks >= 1)):
+        if not (num_blocks == "auto" or (is_integer(num_blocks) and num_blocks >= 1)):
             raise ConfigurationError(f"num_blocks must be a positive int or 'auto', got {num_blocks!r}")
-        self.num_blocks = num_blocks
+        self.num_blocks = num_blocks if num_blocks == "auto" else int(num_blocks)
         self.overload_ratio, self.underload_ratio = str(overload_ratio), str(underload_ratio)
         self._over, self._under = Fraction(self.overload_ratio), Fraction(self.underload_ratio)
         if not self._under < 1 < self._over:

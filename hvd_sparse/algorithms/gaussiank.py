@@ -32,7 +32,7 @@ from typing import Any
 import numpy as np
 
 from ..errors import ConfigurationError
-from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext
+from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer
 
 VARIANTS = ("original", "rescale")
 _DEFAULT_LOOPS = {"original": 100, "rescale": 3}
@@ -72,10 +72,10 @@ class GaussianK(Algorithm):
             raise ConfigurationError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if max_loops is None:
             max_loops = _DEFAULT_LOOPS[variant]
-        if isinstance(max_loops, bool) or not isinstance(max_loops, int) or max_loops < 0:
+        if not is_integer(max_loops) or max_loops < 0:
             raise ConfigurationError(f"max_loops must be a non-negative integer, got {max_loops!r}")
         self.variant = variant
-        self.max_loops = max_loops
+        self.max_loops = int(max_loops)
 
     def initial_threshold(self, mean: float, std: float) -> float:
         """λ = μ + σ·Φ⁻¹(1 − ρ/2): the upper edge of the two-sided Gaussian tail of mass ρ."""

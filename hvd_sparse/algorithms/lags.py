@@ -59,7 +59,18 @@ import numpy as np
 
 from ..comm import ALLGATHER, ALLREDUCE, Collective, Protocol
 from ..errors import ConfigurationError
-from .base import GATHER, TENSOR, Algorithm, StepContext, StepEnd, StepOutcome, check_choice, check_density
+from .base import (
+    GATHER,
+    TENSOR,
+    Algorithm,
+    StepContext,
+    StepEnd,
+    StepOutcome,
+    check_choice,
+    check_density,
+    is_integer,
+    is_real,
+)
 
 GROUP = "group"            # scope: merged groups of consecutive tensors (merge_threshold > 0)
 COMP_TIMES = ("own", "remaining")
@@ -185,40 +196,39 @@ class LAGS(Algorithm):
                  beta: float | None = None, calibration_sizes: tuple[int, int] = (256, 1 << 20),
                  calibration_repeats: int = 5, min_density: float = 0.001,
                  overflow_density: float = 0.05):
-        if isinstance(merge_threshold, bool) or not isinstance(merge_threshold, int) or merge_threshold < 0:
+        if not is_integer(merge_threshold) or merge_threshold < 0:
             raise ConfigurationError(
                 f"merge_threshold must be an int >= 0 (elements per group; 0 = one group per "
                 f"tensor), got {merge_threshold!r}")
         super().__init__(density, pattern=GATHER, scope=TENSOR if merge_threshold == 0 else GROUP)
-        self.merge_threshold = merge_threshold
+        self.merge_threshold = merge_threshold = int(merge_threshold)
         if not isinstance(adaptive, bool):
             raise ConfigurationError(f"adaptive must be True or False, got {adaptive!r}")
         self.adaptive = adaptive
         self.comp_time = check_choice("comp_time", comp_time, COMP_TIMES)
-        if isinstance(profile_steps, bool) or not isinstance(profile_steps, int) or profile_steps < 1:
+        if not is_integer(profile_steps) or profile_steps < 1:
             raise ConfigurationError(f"profile_steps must be an int >= 1, got {profile_steps!r}")
-        self.profile_steps = profile_steps
+        self.profile_steps = int(profile_steps)
         if (alpha is None) != (beta is None):
             raise ConfigurationError(
                 "give both alpha and beta (the allgather cost model), or neither to measure them "
                 "on the job")
         for option, value in (("alpha", alpha), ("beta", beta)):
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float))
+            if value is not None and (not is_real(value)
                                       or not math.isfinite(value) or value < 0):
                 raise ConfigurationError(f"{option} must be a finite number >= 0 (seconds), got {value!r}")
         self.alpha = None if alpha is None else float(alpha)
         self.beta = None if beta is None else float(beta)
         sizes = tuple(calibration_sizes)
-        if (len(sizes) != 2 or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)
+        if (len(sizes) != 2 or any(not is_integer(s) or s < 1 for s in sizes)
                 or sizes[0] >= sizes[1]):
             raise ConfigurationError(
                 f"calibration_sizes must be two increasing element counts >= 1, e.g. (256, 262144), "
                 f"got {calibration_sizes!r}")
-        self.calibration_sizes = sizes
-        if isinstance(calibration_repeats, bool) or not isinstance(calibration_repeats, int) \
-                or calibration_repeats < 1:
+        self.calibration_sizes = tuple(int(s) for s in sizes)
+        if not is_integer(calibration_repeats) or calibration_repeats < 1:
             raise ConfigurationError(f"calibration_repeats must be an int >= 1, got {calibration_repeats!r}")
-        self.calibration_repeats = calibration_repeats
+        self.calibration_repeats = int(calibration_repeats)
         self.min_density = check_density(min_density)
         self.overflow_density = check_density(overflow_density)
         self._warned_untimed = False

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..backends import index_dtype_for
 from ..comm import Protocol, finished
+from ..errors import ConfigurationError
 from ..renamed import renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
 
@@ -109,6 +110,16 @@ def rank_counts(partition_counts: np.ndarray, step: int) -> np.ndarray:
                     dtype=np.int64)
 
 
+def refuse_fewer_entries_than_ranks(method: str, numel: int, size: int) -> None:
+    """Every rank owns a partition of at least one entry; refuse, on every rank alike (n and N
+    are the same everywhere), a model too small for that."""
+    if numel < size:
+        raise ConfigurationError(
+            f"{method} gives every rank its own partition of the model and needs at least as many "
+            f"gradient entries as ranks: the model has {numel}, the job {size} ranks; use a larger "
+            "model, fewer ranks, or a method without partitions (e.g. TopK)")
+
+
 def equal_chunks(n: int, size: int) -> np.ndarray:
     """MiCRO's fixed partitions: N element chunks differing by at most one, as N+1 bounds."""
     lengths = np.full(size, n // size, dtype=np.int64)
@@ -174,6 +185,7 @@ class MiCRO(Algorithm):
 
     # --- the step ---------------------------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> ExclusiveControl:
+        refuse_fewer_entries_than_ranks(type(self).__name__, ctx.numel, ctx.size)
         k = self.k(ctx.numel)
         control = ExclusiveControl(k=k, threshold=initial_threshold(k), bounds=np.zeros(0))
         control.bounds = self.initial_bounds(control, ctx)

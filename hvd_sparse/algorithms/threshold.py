@@ -29,7 +29,7 @@ from typing import Any
 
 from ..backends import index_dtype_for
 from ..errors import ConfigurationError
-from .base import GATHER, MODEL, TENSOR, UNION, Algorithm, StepContext
+from .base import GATHER, MODEL, TENSOR, UNION, Algorithm, StepContext, is_real
 
 
 class Threshold(Algorithm):
@@ -50,7 +50,7 @@ class Threshold(Algorithm):
     def __init__(self, density: float = 0.01, *, threshold: float | None = None,
                  pattern: str = GATHER, scope: str = MODEL):
         super().__init__(density, pattern=pattern, scope=scope)
-        if threshold is not None and (isinstance(threshold, bool) or not isinstance(threshold, (int, float))
+        if threshold is not None and (not is_real(threshold)
                                       or not math.isfinite(threshold) or threshold <= 0):
             raise ConfigurationError(f"threshold must be a positive number (λ), got {threshold!r}")
         self.threshold = None if threshold is None else float(threshold)

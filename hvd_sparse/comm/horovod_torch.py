@@ -114,7 +114,11 @@ class AsyncProtocols:
             self._unseen.pop(0)
 
     def finish_all(self) -> None:
-        """Drive every running protocol to completion, phase by phase across all of them."""
+        """Drive every running protocol to completion, phase by phase across all of them. A
+        protocol that raises (the same on every rank, e.g. ``nonfinite="raise"``) does not stop
+        the others: they finish, so no rank leaves a collective the others wait for, and the
+        first error is raised at the end."""
+        failed: Exception | None = None
         while self._running:
             running, self._running = self._running, {}
             self._unseen.clear()
@@ -126,7 +130,12 @@ class AsyncProtocols:
                 self.wait_seconds += done - started
                 self._phase_done.setdefault(key, done)
             for key, (protocol, _) in running.items():
-                self._advance(key, protocol, outputs[key])
+                try:
+                    self._advance(key, protocol, outputs[key])
+                except Exception as error:
+                    failed = failed or error
+        if failed is not None:
+            raise failed
 
     def clear(self) -> None:
         if self._running:

@@ -20,7 +20,6 @@ A *bucket* is a named list of gradient tensors sparsified as one flat vector: on
 
 from __future__ import annotations
 
-import hashlib
 import time
 import warnings
 from dataclasses import dataclass
@@ -41,6 +40,7 @@ from ..algorithms.base import (
 from ..backends import Backend, index_dtype_for
 from ..comm import ALLGATHER, ALLREDUCE, Collective, Protocol
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
+from .agreement import Layout, agree, config_fields
 from .stats import BucketStats, summarize
 
 _ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
@@ -69,8 +69,8 @@ class Bucket:
     step: int = 0
     control: Any = None
     stats: BucketStats | None = None
-    layout_checked: bool = False    # per process, not per checkpoint: every rank checks once
     nonfinite_steps: int = 0
+    sent: tuple | None = None       # (indices, values) of the last step, for take_back
 
 
 def check_gradient_dtype(key: str, dtype: str) -> None:
@@ -110,19 +110,25 @@ class Engine:
         self.buckets: dict[str, Bucket] = {}
         self._restored: dict[str, dict] = {}
         self._restored_size: int | None = None
+        self._agreed: set[str] = set()   # buckets whose configuration every rank has checked
 
     # --- the step ------------------------------------------------------------------------------
     def step(self, key: str, tensors: list[Any], check_layout: bool = True) -> Protocol:
         """Protocol of one step of bucket ``key``; returns the averaged tensors, shaped like
         ``tensors`` (the same tensor objects, overwritten, with ``write_into_inputs``). With
-        ``check_layout`` the first step also checks that every rank's bucket has the same shapes
-        (one tiny allgather), so a model that differs across ranks fails loudly."""
+        ``check_layout`` the first step also checks, unless ``agree_on_config`` already covered
+        the bucket, that every rank runs the same method and options on a bucket of the same
+        layout (one tiny allgather), so a configuration that differs across ranks fails loudly.
+        An empty bucket (a zero-size parameter) is returned as it is, without any collective."""
         b = self.backend
+        if all(b.numel(t) == 0 for t in tensors):
+            return list(tensors)
         bucket = self._bucket(key, tensors)
+        bucket.sent = None
         name = f"{self.prefix}.{key}"
-        if check_layout and not bucket.layout_checked and self.size > 1:
-            yield from self._agree_on_layout(bucket, name)
-        bucket.layout_checked = True
+        if check_layout and not self._agreed & {key, "*"} and self.size > 1:
+            yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
+        self._agreed.add(key)
         ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b, name, bucket.sizes)
         if bucket.control is None:
             bucket.control = self.algorithm.init_control(ctx)
@@ -196,13 +202,20 @@ class Engine:
             bytes_sent = bytes_received = selected * vsz
         else:  # pragma: no cover  (patterns are validated by Algorithm.__init__)
             raise ConfigurationError(f"unknown pattern {pattern!r}")
+        sent_at = idx if pattern == GATHER else result[0]
         if self.nonfinite == "raise" and not b.all_finite(received):
+            if finite:  # nothing of the step is applied: the residual keeps all of g + e
+                bucket.residual = self._put_back(acc, sent_at, values)
             raise FloatingPointError(
                 f"hvd_sparse: non-finite gradient in {key!r} at step {bucket.step} on at least one "
-                "rank (raised on every rank); pass nonfinite='skip' to drop such a rank's "
-                "contribution for the step instead")
+                "rank (raised on every rank; this step was applied nowhere and every rank keeps its "
+                "residual, the step counter unchanged). In PyTorch training can go on: catch it "
+                "around optimizer.step(), then call optimizer.load_state_dict(optimizer.state_dict()) "
+                "and optimizer.zero_grad() (README, 'Non-finite gradients'). Or pass "
+                "nonfinite='skip' to drop such a rank's contribution for the step instead")
         if finite:
             bucket.residual = acc
+        bucket.sent = (sent_at, values) if finite and self.nonfinite == "raise" else None
 
         target_k = self.algorithm.target_k(bucket.control, ctx)
         bucket.control = self.algorithm.observe(
@@ -211,7 +224,7 @@ class Engine:
         bucket.stats = BucketStats(
             step=bucket.step, numel=bucket.numel, k=target_k,
             selected=selected, bytes_sent=bytes_sent, bytes_received=bytes_received,
-            select_seconds=select_seconds, backend=b, residual=acc, union_size=union_size,
+            select_seconds=select_seconds, backend=b, residual=bucket.residual, union_size=union_size,
             gathered_indices=None if union_size is not None else all_idx,
             nonfinite_steps=bucket.nonfinite_steps,
             extra=self.algorithm.control_stats(bucket.control))
@@ -248,6 +261,8 @@ class Engine:
             raise ConfigurationError(
                 f"{type(self.algorithm).__name__} exchanges messages while selecting and runs "
                 "only with scope='model' in TensorFlow")
+        if numel == 0:  # an empty bucket is returned as it is (see step)
+            return []
         name = f"{self.prefix}.{key}"
         idx = (ALLGATHER, f"{name}.idx", index_dtype_for(numel))
         val_dtype = value_dtype_for(dtypes)
@@ -280,6 +295,24 @@ class Engine:
         summed = b.to_numpy(b.cast(b.slice(received, total - riders, total), "float64"))
         return b.slice(received, 0, total - riders), summed
 
+    def take_back(self, keys: list[str]) -> None:
+        """Undo, on this rank, the last step of these buckets: what each sent goes back into its
+        residual and its step counter goes back by one (control states stay as they are, the same
+        on every rank). For a step that another bucket aborted with a non-finite gradient under
+        ``nonfinite="raise"``, so that the step is applied nowhere. Only under that policy."""
+        for key in keys:
+            bucket = self.buckets.get(key)
+            if bucket is not None and bucket.sent is not None:
+                bucket.residual = self._put_back(bucket.residual, *bucket.sent)
+                bucket.sent = None
+                bucket.step -= 1
+
+    def _put_back(self, residual: Any, idx: Any, values: Any) -> Any:
+        """The residual with the values sent at idx added back (exact: with a lower transport
+        precision the residual held the rounding error there)."""
+        b = self.backend
+        return b.put(residual, idx, b.take(residual, idx) + b.cast(values, b.dtype_name(residual)))
+
     def _send(self, bucket: Bucket, acc: Any, idx: Any, poison: bool) -> tuple[Any, Any]:
         """Values to send at idx, and the residual left behind (exact error feedback)."""
         b = self.backend
@@ -292,19 +325,33 @@ class Engine:
         rounding = values - b.cast(sent, b.dtype_name(acc))
         return sent, b.put(acc, idx, rounding)
 
-    def _agree_on_layout(self, bucket: Bucket, name: str) -> Protocol:
+    def layout_of(self, key: str, tensors: list[Any]) -> Layout:
+        """A bucket's layout for ``agree_on_config``: its tensors' (name, shape, dtype)."""
         b = self.backend
-        text = repr((bucket.key, bucket.shapes, bucket.dtypes)).encode()
-        digest = int.from_bytes(hashlib.sha256(text).digest()[:7], "little")
-        mine = b.from_numpy(np.array([digest], dtype=np.int64), like=bucket.residual)
-        (everyone,) = yield [Collective(ALLGATHER, f"{name}.layout", mine)]
-        digests = b.to_numpy(everyone)
-        if len(set(digests.tolist())) != 1:
-            differing = [r for r, d in enumerate(digests.tolist()) if d != digest]
-            raise RankMismatchError(
-                f"bucket {bucket.key!r} differs across ranks (shapes {bucket.shapes} here on rank "
-                f"{self.rank}; ranks {differing} differ): every rank must train the same model, and "
-                "in PyTorch pass named_parameters so tensors are matched by name, not by hook order")
+        return [(f"{key}[{i}]" if len(tensors) > 1 else key, tuple(int(d) for d in t.shape),
+                 b.dtype_name(t)) for i, t in enumerate(tensors)]
+
+    def agree_on_config(self, layout: Layout, buckets: list[str] | None = None,
+                        like: Any = None) -> Protocol:
+        """Protocol: check, once, that every rank runs the same method with the same
+        hyper-parameters and options on the same ``layout`` (name, shape, dtype of each tensor,
+        in order; None where the caller cannot know it yet), raising ``RankMismatchError`` on
+        every rank, naming what differs, otherwise (engine/agreement.py). ``buckets``: the bucket
+        keys the check covers (``step`` then skips its own); None: every bucket, once the layout
+        is known."""
+        fields = config_fields(self.algorithm.name, self.algorithm.describe(),
+                               {"nonfinite": self.nonfinite}, layout)
+        name = self.prefix if buckets is None else f"{self.prefix}.{buckets[0]}"
+        if self.size > 1:
+            yield from agree(fields, self.backend, like, name, self.rank)
+        if buckets is not None:
+            self._agreed.update(buckets)
+        elif layout is not None:
+            self._agreed.add("*")
+
+    def config_agreed(self) -> bool:
+        """Whether a check of the whole configuration (``buckets=None``) has passed."""
+        return "*" in self._agreed
 
     def _bucket(self, key: str, tensors: list[Any]) -> Bucket:
         b = self.backend

@@ -72,6 +72,7 @@ class SparseCompressor(FaceBase, Compressor):
         self._comm: HorovodTFComm | None = None
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._inflight: dict[str, Any] = {}
+        self._config_checked = self._layout_checked = False
 
     # --- Horovod's interface (trace time) -------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python that builds the graph
@@ -84,7 +85,7 @@ class SparseCompressor(FaceBase, Compressor):
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "
                 "hvd.DistributedGradientTape, the Keras DistributedOptimizer, or inside tf.function")
         refuse_keras3_under_horovod_keras()
-        self._ensure_engine()
+        self._agree_on_config_once()
         trace = self._trace()
         check_gradient_dtype(getattr(tensor, "name", f"g{len(trace.stash)}"), tensor.dtype.name)
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else tf.float32
@@ -114,6 +115,24 @@ class SparseCompressor(FaceBase, Compressor):
         with tf.control_dependencies([tensor]):  # keep Horovod's placeholder allreduce in the graph
             return tf.identity(out)
 
+    def _agree_on_config_once(self) -> None:
+        """At the first trace (every rank traces at its first step, before any collective of the
+        step runs), check that every rank runs the same method with the same options. The layout
+        is checked at the first ``decompress`` of a trace of multi-tensor buckets (every gradient
+        is known there, still before anything runs); per-tensor steps never see the whole model
+        (README, "Ranks that disagree")."""
+        engine = self._ensure_engine()
+        if not self._config_checked:
+            self._config_checked = True
+            self._run_at_trace_time(engine.agree_on_config(None))
+
+    def _run_at_trace_time(self, protocol: Any) -> None:
+        """Run a protocol eagerly and blocking while a graph is traced (out of the graph); in
+        TF1-style graph mode there is no eager context: the engine's first step checks instead."""
+        with tf.init_scope():
+            if tf.executing_eagerly():
+                run_blocking(protocol, self._comm.execute)
+
     def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         if not tf.executing_eagerly():
             raise ConfigurationError("average_stats runs eagerly: call it outside tf.function")
@@ -138,6 +157,11 @@ class SparseCompressor(FaceBase, Compressor):
         runs in one py_function with blocking collectives (any protocol, e.g. one that selects with
         a broadcast); several run as phased graphs, which may complete in any order."""
         keys = [f"g{i}" for i in range(len(grads))]
+        if not self._layout_checked:
+            self._layout_checked = True
+            layout = [(key, None if g.shape.rank is None else tuple(g.shape.as_list()), g.dtype.name)
+                      for key, g in zip(keys, grads, strict=True)]
+            self._run_at_trace_time(self._engine.agree_on_config(layout))
         plan = self.algorithm.plan(keys, [g.shape.num_elements() for g in grads])
         position = {key: i for i, key in enumerate(keys)}
         outputs: list = [None] * len(grads)

@@ -14,6 +14,13 @@ optimizer steps (docs/architecture.md#pytorch-face). This class lives inside tha
   all of them -- and drives all protocols to completion, phase by phase; then runs the
   algorithm's once-per-step protocol (``Engine.end_step``, blocking: every rank is there) with the
   time each bucket became ready; later calls return their piece.
+* The first ``compress`` of the job checks, with one tiny blocking allgather, that every rank
+  runs the same method and options on the same parameters (engine/agreement.py): no collective
+  of the step has been issued yet on any rank, so a rank that differs, even by an extra layer,
+  fails with the others instead of hanging (the layout is known there only from
+  ``named_parameters``; without it, it is checked at the first ``decompress``). A step that
+  raises on every rank (``nonfinite="raise"``) finishes every other bucket's collectives, takes
+  their step back and leaves the face ready for the next step.
 * Timing is cheap: one clock read per ``compress`` and a non-blocking poll of the oldest bucket
   in flight, so ``stats()`` can say how long the step waited on communication
   (``comm_wait_seconds``) against how long communication was in flight
@@ -57,11 +64,13 @@ class SparseCompressor(FaceBase, Compressor):
         named_parameters: the model's ``named_parameters()`` (recommended). Gradients are then
             matched to parameters by identity and collectives are named after the parameter;
             without it they are named by their order within the step, which relies on every rank
-            running the backward hooks in the same order.
+            running the backward hooks in the same order. With it, the first gradient hook also
+            checks that every rank has the same model (README, "Ranks that disagree").
         process_set: the Horovod process set the optimizer reduces over (default: global).
         prefix: prefix of every collective's name; give two compressors in one job distinct ones.
         nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
-            the residual, warn), "raise" (every rank raises FloatingPointError) or "ignore".
+            the residual, warn), "raise" (every rank raises FloatingPointError; the step is
+            applied nowhere and training can go on, README "Non-finite gradients") or "ignore".
     """
 
     framework = "torch"
@@ -71,10 +80,16 @@ class SparseCompressor(FaceBase, Compressor):
         FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite)
         self._param_order: dict[str, int] = {}
         self._params_by_numel: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}
+        self._declared_layout: list | None = None   # the model's layout, from named_parameters
         if named_parameters is not None:
+            named_parameters = list(named_parameters)
             for position, (name, param) in enumerate(named_parameters):
                 self._param_order[name] = position
                 self._params_by_numel.setdefault(param.numel(), []).append((name, param))
+            dtype_name = get_backend("torch").dtype_name
+            self._declared_layout = [(name, tuple(param.shape), dtype_name(param))
+                                     for name, param in named_parameters if param.requires_grad]
+        self._config_checked = False
         self._protocols: AsyncProtocols | None = None
         self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys
         self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
@@ -96,6 +111,14 @@ class SparseCompressor(FaceBase, Compressor):
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
         engine, protocols = self._ensure_engine(), self._protocols
+        if not self._config_checked:
+            # The first gradient of the job, before Horovod has issued any collective of the step:
+            # every rank gets here, whatever its model. A rank with another method, options or
+            # (with named_parameters) another model fails now, with every other rank, instead of
+            # hanging on a collective the others never issue.
+            self._config_checked = True
+            run_blocking(engine.agree_on_config(self._declared_layout, like=tensor),
+                         protocols.comm.execute)
         if self._outstanding == 0:  # first gradient of a new step
             self._measuring = engine.measuring() and tensor.is_cuda
         if self._measuring:
@@ -120,10 +143,23 @@ class SparseCompressor(FaceBase, Compressor):
             self._flushed = True
             if set(self._arrived) != set(self._bucket_of):
                 self._make_plan()
+            if not engine.config_agreed():  # without named_parameters: the layout seen now
+                layout = [(key, tuple(t.shape), get_backend("torch").dtype_name(t))
+                          for keys in self._members.values() for key in keys
+                          for t in [self._arrived[key]]]
+                run_blocking(engine.agree_on_config(layout, like=tensor), protocols.comm.execute)
             for bucket in self._members:
                 if bucket not in self._started:
                     self._start(bucket)
-            protocols.finish_all()
+            try:
+                protocols.finish_all()
+            except Exception:
+                # Raised on every rank alike (a non-finite gradient with nonfinite="raise"): the
+                # buckets that finished take their step back, so it is applied nowhere, and the
+                # next compress begins a new step (README, "Non-finite gradients").
+                engine.take_back(list(protocols.results))
+                self._outstanding = 0
+                raise
             ready = {bucket: max(self._arrival[key] for key in keys)
                      for bucket, keys in self._members.items()}
             run_blocking(engine.end_step(ready), protocols.comm.execute)

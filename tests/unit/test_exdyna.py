@@ -71,7 +71,7 @@ def test_initial_blocks_and_bounds():
 def test_small_models_get_fewer_blocks_never_empty_ones():
     assert block_layout(20_000, 4, 1024) == (625, 32, 0)     # n < 32 x 1024: blocks of 32
     assert block_layout(100, 4, 1024) == (4, 25, 0)          # n < 32 x N: N blocks
-    with pytest.raises(ConfigurationError, match="cannot cut"):
+    with pytest.raises(ConfigurationError, match="at least as many gradient entries as ranks"):
         block_layout(3, 4, 1024)
 
 
