@@ -40,6 +40,7 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "dense,exdyna-tracking,exdyna-tracking@ref,topk,topk@ref,deft,deft@ref,lags,lags@ref "
      "--out bench/e2e-kernels"),
     ("sim_scale.md", "Simulator scale", "python scripts/sim_scale.py"),
+    ("soak.md", "Soak (2 ranks, 3000 steps per method)", "python scripts/soak.py"),
 ]
 
 
@@ -74,6 +75,11 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                 continue
             verdict = target.get("verdict") or ("met" if target.get("met") else "not met")
             rows.append((target["target"], verdict, target.get("figure") or target.get("measured", "")))
+    soak = load(bench / "soak.json")
+    for method, run in ((soak or {}).get("methods") or {}).items():
+        for target, met in run.get("targets", {}).items():
+            rows.append((f"Soak, {method}: {target}", "met" if met else "not met",
+                         soak_figure(target, run)))
     for title, runs in grouped.items():
         missed = sum(not run["met"] for run in runs)
         verdict = "met" if not missed else f"not met ({missed} of {len(runs)} runs)"
@@ -109,6 +115,19 @@ CAUSES = {
         "fewer entries than asked (see its achieved density); the tracking option is at target "
         "after the warm-up."),
 }
+
+
+def soak_figure(target: str, run: dict) -> str:
+    """The numbers behind one of scripts/soak.py's verdicts."""
+    if "weights" in target:
+        return f"bitwise identical after {run['steps']} steps: {run['identical_weights']}"
+    if "residual" in target:
+        return "last-third / middle-third maximum per rank: " + ", ".join(
+            f"{r['growth']:.2f}" for r in run["residual"].values())
+    if "density" in target:
+        return (f"100-step windows {run['density_windows_min']:.3f}–{run['density_windows_max']:.3f}"
+                f"× target, {run['density_windows_outside']} of {run['density_windows']} outside")
+    return "per rank: " + ", ".join(f"{r['slope_mb_per_1000']:+.2f}" for r in run["rss"]) + " MB / 1000 steps"
 
 
 def cause_notes(rows: list[tuple[str, str, str]]) -> list[str]:
