@@ -5,11 +5,16 @@
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(),
                                    compression=hs.TopK(density=0.01,
                                                        named_parameters=model.named_parameters()))
+
+Elastic Horovod: ``hvd.elastic.TorchState(model=model, optimizer=opt, compression=compression)``.
 """
 
 from .. import algorithms
 from ..faces import face_class
 from .compressor import SparseCompressor
+from .elastic import register as _register_elastic_handler
+
+_register_elastic_handler()   # hvd.elastic.TorchState(..., compression=compression): torch/elastic.py
 
 TopK = face_class(SparseCompressor, algorithms.TopK, __name__)
 ExDyna = face_class(SparseCompressor, algorithms.ExDyna, __name__)

@@ -98,8 +98,10 @@ class SparseCompressor(FaceBase, Compressor):
         refuse_reduction_op(self._calling_optimizer_op(), hvd)
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
-        engine, protocols = self._ensure_engine(), self._protocols
         if self._outstanding == 0:  # first gradient of a new step
+            self._follow_world()
+        engine, protocols = self._ensure_engine(), self._protocols
+        if self._outstanding == 0:
             self._measuring = engine.measuring() and tensor.is_cuda
         if self._measuring:
             torch.cuda.synchronize(tensor.device)
@@ -185,6 +187,20 @@ class SparseCompressor(FaceBase, Compressor):
         # average can be written into the gradient tensors themselves.
         return Engine(self.algorithm, get_backend("torch"), comm.rank, comm.size, self.prefix,
                       self.nonfinite, write_into_inputs=True)
+
+    def _current_world(self) -> tuple[int, int]:
+        process_set = self.process_set if self.process_set is not None else hvd.global_process_set
+        return process_set.rank(), process_set.size()
+
+    def _forget_step(self) -> None:
+        self._protocols = None   # the next engine comes with its own
+        self._arrived.clear()
+        self._arrival.clear()
+        self._started.clear()
+        self._flushed = False
+        self._outstanding = 0
+        self._ordinal = 0
+        self._measuring = False
 
     def _begin_step(self, now: float) -> None:
         self._protocols.clear()  # type: ignore[union-attr]
