@@ -14,8 +14,10 @@ every rank holds the same table.
 Named options (off in paper mode):
 
 * ``rebalance="neighbour"``: the boundary decisions use counts exchanged only with ranks r-1 and
-  r+1 (mpi4py ``Sendrecv`` under an MPI job, a Horovod alltoall with neighbour-only splits under
-  Gloo): O(1) messages per rank whatever N is. Red-black activation (boundary p|p+1 only when
+  r+1: under an MPI job with MPI_THREAD_MULTIPLE, mpi4py non-blocking point-to-point, O(1)
+  messages per rank whatever N is; under Gloo (or where MPI does not allow it) a Horovod alltoall
+  with neighbour-only splits, which still touches every peer, ~4(N-1) messages per rank per step
+  (comm/neighbours.py). Red-black activation (boundary p|p+1 only when
   p ≡ t mod 2) keeps two moves from meeting in one partition; after deciding, each rank hands its
   partition's new range to rank r-1, which owns it next step (§2.3.2). Jacobi-style, so it is not
   bit-identical to the sweep; it converges at about half the speed.

@@ -26,7 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-GROW, KILL, SHRINK, END = 8, 16, 24, 32
+GROW = int(os.environ.get("HVD_SPARSE_ELASTIC_GROW", "8"))   # 0: start at 3 ranks
+KILL, SHRINK, END = 16, 24, 32
 COMMIT_EVERY = 3
 VICTIM_HOST = "127.0.0.1"
 N_IN, N_HIDDEN, N_OUT = 16, 24, 4
