@@ -3,6 +3,9 @@
     state = hvd_sparse.tensorflow.elastic.TensorFlowKerasState(model, optimizer,
                                                                compression=compression, epoch=0)
 
+    @hvd_sparse.tensorflow.elastic.run      # hvd.elastic.run, recovering from every Horovod op
+    def train(state): ...
+
 Horovod's TensorFlow states have no handler registry: every extra keyword is a plain object that
 ``sync()`` replaces with rank 0's (pickled), which would hand every rank rank 0's residuals and
 leave the compressor the optimizer uses untouched. These subclasses take ``compression`` (one
@@ -12,8 +15,12 @@ model (``hvd_sparse.elastic.ElasticCompressor``); everything else is Horovod's.
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Callable
 from typing import Any
 
+import tensorflow as tf
+from horovod.common.exceptions import HorovodInternalError
 from horovod.tensorflow import elastic as horovod_elastic
 from horovod.tensorflow.functions import broadcast_object
 
@@ -70,4 +77,26 @@ class TensorFlowState(_WithCompression, horovod_elastic.TensorFlowState):
         super().__init__(variables=variables, session=session, **kwargs)
 
 
-__all__ = ["TensorFlowKerasState", "TensorFlowState"]
+def run(func: Callable) -> Callable:
+    """``hvd.elastic.run`` for TensorFlow that also recovers from a failed grouped allreduce.
+
+    Horovod 0.28.1's TensorFlow wrapper turns an ``UnknownError`` into ``HorovodInternalError``
+    (rollback and reset) only when its message names HorovodAllreduce, HorovodAllgather or
+    HorovodBroadcast, and swallows any other: the run function then returns as if training had
+    ended. A worker's death is reported by whichever Horovod op was in flight -- with whole-model
+    methods (``num_groups=1``) often HorovodGroupedAllreduce. This wrapper treats every
+    ``UnknownError`` that names a Horovod op as ``HorovodInternalError`` first."""
+
+    @functools.wraps(func)
+    def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
+        try:
+            return func(state, *args, **kwargs)
+        except tf.errors.UnknownError as error:
+            if "Horovod" in str(error.message):
+                raise HorovodInternalError(error) from error
+            raise
+
+    return horovod_elastic.run(wrapper)
+
+
+__all__ = ["TensorFlowKerasState", "TensorFlowState", "run"]

@@ -62,13 +62,14 @@ def check_elastic_job(worker: str, methods: tuple[str, ...], tmp_path: Path, tim
     for method in methods:
         for size in (2, 3, 1):
             assert re.search(rf"CHECKED {method} size={size} ", elastic), f"{method}: no check at N={size}"
-        # After the kill: rolled back to the commit at step 15; old rank 2 left with its residual.
-        killed = re.search(rf"CHECKED {method} size=2 step=15 resets={resets - 1} departed=\[2\] "
+        # After the kill: rolled back to the commit at step 15; the victim (rank 2, or rank 0 where
+        # Horovod put host 127.0.0.1 first) left with its residual.
+        killed = re.search(rf"CHECKED {method} size=2 step=15 resets={resets - 1} departed=\[\d\] "
                            r"departed_norm=(\S+)", elastic)
         assert killed and float(killed[1]) > 0, f"{method}: the killed rank is not accounted\n{elastic}"
         final, reference = got[method], static[method]
         assert final["step"] == reference["step"] == 32 and final["size"] == 1 and final["resets"] == resets
-        assert final["departed"] == "1" and final["norm"] > 0   # the rank removed at 2 -> 1
+        assert final["departed"] in ("0", "1") and final["norm"] > 0   # the rank removed at 2 -> 1
         assert reference["loss"] < 0.5 * 1.386   # both runs learned (chance: ln 4)
         assert final["loss"] < 1.25 * reference["loss"], (method, final, reference)
 

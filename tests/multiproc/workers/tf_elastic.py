@@ -31,7 +31,7 @@ from elastic_common import (
 )
 
 import hvd_sparse.tensorflow as hs
-from hvd_sparse.tensorflow.elastic import TensorFlowKerasState
+from hvd_sparse.tensorflow.elastic import TensorFlowKerasState, run
 
 METHODS = {
     "exdyna": lambda: hs.ExDyna(0.05, prefix="hs.exdyna"),
@@ -78,7 +78,7 @@ def main() -> None:
     state = TensorFlowKerasState(models, optimizer, compression=[c for _, c, _ in parts.values()], step=0)
     seen_sizes = []
 
-    @hvd.elastic.run
+    @run   # hvd.elastic.run, recovering from a failed grouped allreduce too
     def train(state):
         while state.step < END:
             size, rank = hvd.size(), hvd.rank()
@@ -90,7 +90,12 @@ def main() -> None:
                 x, y = data(1, state.step, rank)
                 if method == methods[-1] and is_victim(state.step, size, args.static):
                     die(args.dir)
-                train_step(tf.constant(x), tf.constant(y))
+                try:
+                    train_step(tf.constant(x), tf.constant(y))
+                except tf.errors.OpError as error:
+                    print(f"STEP FAILED {method} {type(error).__name__}: {str(error.message)[:200]!r}",
+                          flush=True)
+                    raise
             for method, (model, compression, _) in parts.items():
                 flat = np.concatenate([v.numpy().ravel() for v in model.variables]).astype(np.float64)
                 stats = compression.stats()
