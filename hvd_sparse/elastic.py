@@ -70,6 +70,7 @@ class ElasticCompressor:
 
     # --- Horovod's State calls ------------------------------------------------------------------
     def save(self) -> None:
+        self.face._follow_world()   # a reset without sync that no step has seen yet
         engine = self.face._ensure_engine()
         size, previous = engine.size, self._committed_rank
         payload = np.zeros(2 * size, dtype=np.float64)
