@@ -15,6 +15,7 @@ polls the discovery script, and the workers see the change at their next ``commi
 
 Between a hosts-file change and the reset, workers only commit (and sleep), so every run trains the
 same number of steps. ``--static`` runs the same steps without any change (the reference run).
+``HVD_SPARSE_ELASTIC_GROW=0`` starts on 3 ranks (no growth: TensorFlow cannot grow yet, README).
 """
 
 from __future__ import annotations
