@@ -50,6 +50,7 @@ class FaceBase:
         self.prefix = prefix
         self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         self._engine: Engine | None = None
+        self._elastic: Any = None   # hvd_sparse.elastic.ElasticCompressor, once in an elastic State
 
     # --- the framework's part ----------------------------------------------------------------------
     def _make_engine(self) -> Engine:
@@ -63,6 +64,35 @@ class FaceBase:
     def _extra_stats(self) -> dict:
         """Statistics only the face can measure (PyTorch: communication timing)."""
         return {}
+
+    def _current_world(self) -> tuple[int, int]:
+        """This process's (rank, size) in the compressor's process set, as Horovod has it now."""
+        raise NotImplementedError
+
+    def _forget_step(self) -> None:
+        """Drop whatever the face keeps about a step in flight (an elastic reset abandons it)."""
+
+    # --- elastic Horovod (hvd_sparse/elastic.py) ------------------------------------------------------
+    def _drop_engine(self) -> None:
+        self._engine = None
+        self._forget_step()
+
+    def _follow_world(self) -> None:
+        """Where a step begins: if Horovod's rank or size changed since the engine was built (an
+        elastic reset), rebuild for the new world from this process's own state when the
+        compressor is in the elastic State, else refuse (it would hang or average wrongly)."""
+        engine = self._engine
+        if engine is None or self._current_world() == (engine.rank, engine.size):
+            return
+        if self._elastic is None:
+            raise ConfigurationError(
+                f"the Horovod world changed from rank {engine.rank} of {engine.size} to rank "
+                f"{self._current_world()[0]} of {self._current_world()[1]} (an elastic reset), and "
+                "this compressor is not part of the elastic state: pass it to the state, e.g. "
+                "hvd.elastic.TorchState(model=..., optimizer=..., compression=compression) or "
+                "hvd_sparse.tensorflow.elastic.TensorFlowKerasState(model, optimizer, "
+                "compression=compression)")
+        self._elastic.reset()
 
     # --- shared API ----------------------------------------------------------------------------------
     def _ensure_engine(self) -> Engine:
@@ -82,7 +112,10 @@ class FaceBase:
         """Statistics of the last step on this rank (README, "Statistics")."""
         if self._engine is None:
             return summarize([], self.algorithm.density)
-        return {**self._engine.stats(), **self._extra_stats()}
+        out = {**self._engine.stats(), **self._extra_stats(), "world_size": self._engine.size}
+        if self._elastic is not None:
+            out.update(self._elastic.stats())
+        return out
 
     def average_stats(self, keys: Sequence[str] = monitor.DEFAULT_KEYS) -> dict[str, float]:
         """The mean over ranks of the chosen statistics, on every rank. One named allreduce:

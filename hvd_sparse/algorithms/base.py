@@ -219,6 +219,12 @@ class Algorithm:
         """Picklable control state for a checkpoint."""
         return control
 
+    def agreed_control(self, state: Any) -> Any:
+        """The part of a ``control_state`` that does not depend on the rank holding it: what
+        another process may adopt (an elastic reset hands rank 0's to every rank; per-rank parts
+        left out restart in ``load_control``). Default: all of it."""
+        return state
+
     def load_control(self, state: Any, ctx: StepContext, saved_size: int) -> Any:
         """Control state restored from a checkpoint taken at world size ``saved_size``."""
         return state

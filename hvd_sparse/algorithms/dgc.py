@@ -277,6 +277,9 @@ class DGC(Algorithm):
         return {"momentum": _host_copy(control.momentum), "accumulated_step": control.accumulated_step,
                 "threshold": control.threshold, "density": control.density, "k": control.k}
 
+    def agreed_control(self, state: dict) -> dict:
+        return {**state, "momentum": None}   # per rank, like the residual
+
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> DGCControl:
         control = DGCControl(**state)
         if saved_size != ctx.size:  # momentum is per rank, like the residual: reset it

@@ -14,8 +14,10 @@ every rank holds the same table.
 Named options (off in paper mode):
 
 * ``rebalance="neighbour"``: the boundary decisions use counts exchanged only with ranks r-1 and
-  r+1 (mpi4py ``Sendrecv`` under an MPI job, a Horovod alltoall with neighbour-only splits under
-  Gloo): O(1) messages per rank whatever N is. Red-black activation (boundary p|p+1 only when
+  r+1: under an MPI job with MPI_THREAD_MULTIPLE, mpi4py non-blocking point-to-point, O(1)
+  messages per rank whatever N is; under Gloo (or where MPI does not allow it) a Horovod alltoall
+  with neighbour-only splits, which still touches every peer, ~4(N-1) messages per rank per step
+  (comm/neighbours.py). Red-black activation (boundary p|p+1 only when
   p ≡ t mod 2) keeps two moves from meeting in one partition; after deciding, each rank hands its
   partition's new range to rank r-1, which owns it next step. Jacobi-style, so it is not
   bit-identical to the sweep; it converges at about half the speed (docs/algorithms.md#neighbour-rebalancing).
@@ -224,11 +226,28 @@ class ExDyna(MiCRO):
         blocks = initial_blocks(num_blocks, ctx.size)
         control.layout = {"num_blocks": num_blocks, "block": block, "tail": tail}
         if self.rebalance == "neighbour":
-            # Each rank knows only the partition it owns: (first block, blocks), and its count.
-            control.layout["own"] = [sum(blocks[:ctx.rank]), blocks[ctx.rank]]
+            # Each rank knows only the partition it owns at this step, (t + r) mod N (at t > 0
+            # after a resume or an elastic reset): (first block, blocks), and its count.
+            owned = owned_partition(ctx.rank, ctx.step, ctx.size)
+            control.layout["own"] = [sum(blocks[:owned]), blocks[owned]]
             return None
         control.layout["blocks"] = blocks
         return block_bounds(blocks, block, ctx.numel)
+
+    def agreed_control(self, state: dict) -> dict:
+        if self.rebalance != "neighbour":
+            return state
+        # A rank knows only its own partition: another rank's is no use to the process adopting
+        # this state, which starts again from the initial layout (load_control).
+        layout = {k: v for k, v in state["layout"].items() if k not in ("own", "own_count")}
+        return {**state, "layout": layout}
+
+    def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> ExclusiveControl:
+        control = super().load_control(state, ctx, saved_size)
+        if self.rebalance == "neighbour" and "own" not in control.layout:
+            self.initial_bounds(control, ctx)   # the partition owned at this step, initial blocks
+            control.union_prev = None           # no rebalance before a step has been observed
+        return control
 
     def own_range(self, control: ExclusiveControl, ctx: StepContext) -> tuple[int, int]:
         if control.bounds is not None:

@@ -28,7 +28,8 @@ class HorovodTFComm:
         self.process_set = process_set if process_set is not None else hvd.global_process_set
         self.rank = self.process_set.rank()
         self.size = self.process_set.size()
-        self._mpi = mpi_exchange_for(self.process_set is hvd.global_process_set, hvd.mpi_enabled())
+        self._mpi: Any = None       # the mpi4py exchange, decided at the first neighbour exchange
+        self._mpi_decided = False
 
     def graph_op(self, op: str, tensor: Any, name: str, root: int = 0) -> Any:
         hvd, ps = self._hvd, self.process_set
@@ -46,11 +47,20 @@ class HorovodTFComm:
         return [self._neighbours(c) if c.op == NEIGHBOURS else self.graph_op(c.op, c.tensor, c.name, c.root)
                 for c in phase]
 
+    def _mpi_exchange(self) -> Any:
+        """mpi4py point-to-point where MPI allows it (comm/neighbours.py), decided once, at the
+        first neighbour exchange: every rank reaches it at the same point of the same step."""
+        if not self._mpi_decided:
+            self._mpi_decided = True
+            self._mpi = mpi_exchange_for(self.process_set is self._hvd.global_process_set,
+                                         self._hvd.mpi_enabled(), self.rank, self.size)
+        return self._mpi
+
     def _neighbours(self, c: Collective) -> list:
         import tensorflow as tf
 
         payload = c.tensor.numpy()
-        if self._mpi is not None:
+        if self._mpi_exchange() is not None:
             received = self._mpi.wait(self._mpi.start(payload, c.name))
             return [tf.constant(x) for x in received]
         splits = tf.constant(neighbour_splits(self.rank, self.size, len(payload)), dtype=tf.int32)

@@ -33,7 +33,8 @@ class HorovodTorchComm:
         self.process_set = process_set if process_set is not None else hvd.global_process_set
         self.rank = self.process_set.rank()
         self.size = self.process_set.size()
-        self._mpi = mpi_exchange_for(self.process_set is hvd.global_process_set, hvd.mpi_enabled())
+        self._mpi: Any = None       # the mpi4py exchange, decided at the first neighbour exchange
+        self._mpi_decided = False
 
     def start(self, c: Collective) -> Any:
         hvd, ps = self._hvd, self.process_set
@@ -58,9 +59,18 @@ class HorovodTorchComm:
             return split_neighbours(received, self.rank, self.size, length)
         return self._hvd.synchronize(payload)
 
+    def _mpi_exchange(self) -> Any:
+        """mpi4py point-to-point where MPI allows it (comm/neighbours.py), decided once, at the
+        first neighbour exchange: every rank reaches it at the same point of the same step."""
+        if not self._mpi_decided:
+            self._mpi_decided = True
+            self._mpi = mpi_exchange_for(self.process_set is self._hvd.global_process_set,
+                                         self._hvd.mpi_enabled(), self.rank, self.size)
+        return self._mpi
+
     def _start_neighbours(self, c: Collective) -> Any:
         payload = c.tensor.cpu().numpy()
-        if self._mpi is not None:
+        if self._mpi_exchange() is not None:
             return "mpi", self._mpi.start(payload, c.name)
         torch = self._torch
         splits = torch.tensor(neighbour_splits(self.rank, self.size, len(payload)), dtype=torch.int32)

@@ -433,6 +433,35 @@ class Engine:
                 bucket = self.buckets[key]
                 self._restore(bucket, self._restored.pop(key), bucket.residual)
 
+    def agreed_state(self, state: dict | None = None) -> dict:
+        """The rank-independent part of ``state`` (default: this engine's ``state_dict``): no
+        residuals, each bucket's step and ``Algorithm.agreed_control``. What every process adopts
+        from one rank on an elastic reset (``adopt``)."""
+        state = self.state_dict() if state is None else state
+        return {**{k: v for k, v in state.items() if k not in ("buckets", "rank")},
+                "buckets": {key: {"shapes": saved["shapes"], "step": saved["step"],
+                                  "control": self.algorithm.agreed_control(saved["control"])}
+                            for key, saved in state["buckets"].items()}}
+
+    def adopt(self, agreed: dict, residuals: dict[str, np.ndarray] | None = None) -> None:
+        """Continue, at this engine's rank and size, from ``agreed`` (``agreed_state`` of the rank
+        every process takes it from, at any world size) and this process's own ``residuals``
+        (bucket -> NumPy; None or missing: zeros). A residual stays valid at any world size: it
+        is this process's unsent gradient. World-size and rank dependent control state
+        (partitions, bins, neighbour layout) is rebuilt by ``Algorithm.load_control``."""
+        if agreed["algorithm"] != self.algorithm.name:
+            raise ConfigurationError(
+                f"state of {agreed['algorithm']!r} adopted by a compressor running "
+                f"{self.algorithm.name!r}: every rank must run the same method")
+        own = residuals or {}
+        self._restored_size = agreed["size"]
+        self._restored = {key: {**saved, "residual": own.get(key), "own_residual": True}
+                          for key, saved in agreed["buckets"].items()}
+        for key in list(self._restored):
+            if key in self.buckets:
+                bucket = self.buckets[key]
+                self._restore(bucket, self._restored.pop(key), bucket.residual)
+
     def _restore(self, bucket: Bucket, saved: dict, like: Any) -> None:
         if tuple(map(tuple, saved["shapes"])) != bucket.shapes:
             raise ConfigurationError(
@@ -440,9 +469,12 @@ class Engine:
                 f"{bucket.shapes}")
         bucket.step = int(saved["step"])
         same_world = self._restored_size == self.size
-        if same_world:
+        if saved["residual"] is not None and (same_world or saved.get("own_residual")):
             residual = saved["residual"].astype(self.backend.dtype_name(bucket.residual))
             bucket.residual = self.backend.from_numpy(residual, like=like)
         ctx = StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend,
                           f"{self.prefix}.{bucket.key}", bucket.sizes)
-        bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)
+        with warnings.catch_warnings():
+            if saved.get("own_residual"):   # an elastic reset: "rebuilt for N ranks" is expected
+                warnings.simplefilter("ignore")
+            bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)

@@ -146,6 +146,13 @@ class SparseCompressor(FaceBase, Compressor):
         return Engine(self.algorithm, get_backend("tensorflow"), self._comm.rank, self._comm.size,
                       self.prefix, self.nonfinite)
 
+    def _current_world(self) -> tuple[int, int]:
+        process_set = self.process_set if self.process_set is not None else hvd.global_process_set
+        return process_set.rank(), process_set.size()
+
+    def _forget_step(self) -> None:
+        self._inflight.clear()
+
     def _trace(self) -> _Trace:
         graph = _root_graph()
         if graph not in self._traces:
@@ -196,6 +203,8 @@ class SparseCompressor(FaceBase, Compressor):
     # --- run time (inside tf.py_function, eager) --------------------------------------------------
     def _advance(self, key: str, position: int, expected: list | None, *results) -> list:
         if position == 0:
+            if not self._inflight:   # the first phase of a step's first tensor
+                self._follow_world()
             protocol = self._engine.step(key, list(results), check_layout=False)
             self._inflight[key] = protocol
             sent = None
@@ -213,6 +222,7 @@ class SparseCompressor(FaceBase, Compressor):
         return [c.tensor for c in phase]
 
     def _run_blocking(self, key: str, *grads) -> list:
+        self._follow_world()
         return run_blocking(self._engine.step(key, list(grads)), self._comm.execute)
 
 

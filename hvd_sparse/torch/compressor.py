@@ -110,16 +110,19 @@ class SparseCompressor(FaceBase, Compressor):
         refuse_reduction_op(calling_optimizer_op(self), hvd)
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
+        if self._outstanding == 0:  # first gradient of a new step
+            self._follow_world()
         engine, protocols = self._ensure_engine(), self._protocols
         if not self._config_checked:
-            # The first gradient of the job, before Horovod has issued any collective of the step:
-            # every rank gets here, whatever its model. A rank with another method, options or
-            # (with named_parameters) another model fails now, with every other rank, instead of
-            # hanging on a collective the others never issue.
+            # The first gradient of the job (or after an elastic reset, which re-arms the check on
+            # every rank, newcomers included), before Horovod has issued any collective of the
+            # step: every rank gets here, whatever its model. A rank with another method, options
+            # or (with named_parameters) another model fails now, with every other rank, instead
+            # of hanging on a collective the others never issue.
             self._config_checked = True
             run_blocking(engine.agree_on_config(self._declared_layout, like=tensor),
                          protocols.comm.execute)
-        if self._outstanding == 0:  # first gradient of a new step
+        if self._outstanding == 0:
             self._measuring = engine.measuring() and tensor.is_cuda
         if self._measuring:
             torch.cuda.synchronize(tensor.device)
@@ -203,6 +206,21 @@ class SparseCompressor(FaceBase, Compressor):
         # average can be written into the gradient tensors themselves.
         return Engine(self.algorithm, get_backend("torch"), comm.rank, comm.size, self.prefix,
                       self.nonfinite, write_into_inputs=True)
+
+    def _current_world(self) -> tuple[int, int]:
+        process_set = self.process_set if self.process_set is not None else hvd.global_process_set
+        return process_set.rank(), process_set.size()
+
+    def _forget_step(self) -> None:
+        self._protocols = None   # the next engine comes with its own
+        self._config_checked = False   # every rank drops its engine together: check again
+        self._arrived.clear()
+        self._arrival.clear()
+        self._started.clear()
+        self._flushed = False
+        self._outstanding = 0
+        self._ordinal = 0
+        self._measuring = False
 
     def _begin_step(self, now: float) -> None:
         self._protocols.clear()  # type: ignore[union-attr]

@@ -1,0 +1,130 @@
+"""Elastic TensorFlow job: the torch_elastic.py schedule (elastic_common.py) with ExDyna (the whole
+model in one py_function) and TopK (per-tensor phased graphs), each model, optimizer and compressor
+in one hvd_sparse.tensorflow.elastic.TensorFlowKerasState, steps in tf.function."""
+
+from __future__ import annotations
+
+import argparse
+import faulthandler
+import os
+import signal
+import types
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+from elastic_common import (
+    COMMIT_EVERY,
+    END,
+    N_HIDDEN,
+    N_IN,
+    N_OUT,
+    check_step,
+    data,
+    die,
+    eval_data,
+    is_victim,
+    stat_facts,
+    wait_a_little,
+    world_change_due,
+)
+
+import hvd_sparse.tensorflow as hs
+from hvd_sparse.tensorflow.elastic import TensorFlowKerasState, run
+
+METHODS = {
+    "exdyna": lambda: hs.ExDyna(0.05, prefix="hs.exdyna"),
+    "topk": lambda: hs.TopK(0.05, prefix="hs.topk"),
+}
+EXCLUSIVE = ("exdyna",)
+LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+
+def make_part(method: str, optimizer):
+    tf.random.set_seed(0)
+    model = tf.keras.Sequential([tf.keras.layers.Dense(N_HIDDEN, activation="tanh", input_shape=(N_IN,)),
+                                 tf.keras.layers.Dense(N_OUT)])
+    compression = METHODS[method]()
+
+    @tf.function
+    def train_step(x, y):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        tape = hs.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return model, compression, train_step
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--methods", default=",".join(METHODS))
+    parser.add_argument("--static", action="store_true")
+    args = parser.parse_args()
+    stacks = open(f"{args.dir}/stacks.{os.getpid()}", "w")  # noqa: SIM115  (open for the process's life)
+    faulthandler.register(signal.SIGUSR1, file=stacks)   # stacks on demand, should a job ever hang
+    hvd.init()
+    methods = args.methods.split(",")
+    optimizer = tf.keras.optimizers.SGD(0.5)   # no slots: one optimizer serves every model
+    parts = {method: make_part(method, optimizer) for method in methods}
+    # The documented line; here the "model" is every method's variables (an object with
+    # .variables is all Horovod's state needs), and compression a list.
+    models = types.SimpleNamespace(variables=[v for model, _, _ in parts.values() for v in model.variables])
+    optimizer.build([v for model, _, _ in parts.values() for v in model.trainable_variables])
+    state = TensorFlowKerasState(models, optimizer, compression=[c for _, c, _ in parts.values()], step=0)
+    seen_sizes = []
+
+    @run   # hvd.elastic.run, recovering from a failed grouped allreduce too
+    def train(state):
+        while state.step < END:
+            size, rank = hvd.size(), hvd.rank()
+            if world_change_due(state.step, size, args.dir, rank, args.static):
+                state.commit()
+                wait_a_little()
+                continue
+            for method, (_, _, train_step) in parts.items():
+                x, y = data(1, state.step, rank)
+                if method == methods[-1] and is_victim(state.step, size, args.static):
+                    die(args.dir)
+                try:
+                    train_step(tf.constant(x), tf.constant(y))
+                except tf.errors.OpError as error:
+                    print(f"STEP FAILED {method} {type(error).__name__}: {str(error.message)[:200]!r}",
+                          flush=True)
+                    raise
+            for method, (model, compression, _) in parts.items():
+                flat = np.concatenate([v.numpy().ravel() for v in model.variables]).astype(np.float64)
+                stats = compression.stats()
+                row = np.array([flat.sum(), (flat * flat).sum(), *stat_facts(stats)])
+                rows = hvd.allgather(tf.constant(row[None]), name=f"check.{method}").numpy()
+                if size > 1 or stats["step"] > 0:   # TF skips the compressor at one rank
+                    check_step(method, rows, size, method in EXCLUSIVE and size > 1)
+                if rank == 0 and (not seen_sizes or seen_sizes[-1] != size):
+                    print(f"CHECKED {method} size={size} step={state.step} "
+                          f"resets={stats.get('elastic_resets')} departed={stats.get('departed_ranks')} "
+                          f"departed_norm={stats.get('departed_residual_norm')}", flush=True)
+            if not seen_sizes or seen_sizes[-1] != size:
+                seen_sizes.append(size)
+            state.step += 1
+            if state.step % COMMIT_EVERY == 0:
+                state.commit()
+        state.commit()   # accounts for ranks that left without a sync
+
+    train(state)
+    if hvd.rank() == 0:
+        x, y = eval_data()
+        for method, (model, compression, _) in parts.items():
+            loss = float(LOSS(y, model(x)))
+            stats = compression.stats()
+            print(f"FINAL {method} loss={loss:.5f} step={state.step} world_size={stats.get('world_size')} "
+                  f"resets={stats.get('elastic_resets')} departed={stats.get('departed_ranks')} "
+                  f"departed_norm={stats.get('departed_residual_norm')}", flush=True)
+    print(f"PASSED rank={hvd.rank()} size={hvd.size()} sizes={seen_sizes}", flush=True)
+
+
+if __name__ == "__main__":
+    main()
