@@ -6,12 +6,15 @@
   TRITON_INTERPRET=1. Triton decides at import time whether its kernels are interpreted, and
   reads the variable again while they run, so it cannot be set for this module alone in a
   shared process without leaking into every later test; the child keeps it to itself.
+* Wherever they are not interpreted: every kernel is compiled for sm_90 (H100/H200), which needs
+  no GPU, so CI also checks that the compiler accepts what the interpreter ran.
 
 Skipped only where Triton is not installed (tools/install.sh installs it, so CI runs these).
 """
 
 from __future__ import annotations
 
+import importlib
 import importlib.util
 import os
 import subprocess
@@ -29,7 +32,75 @@ REPO = Path(__file__).resolve().parents[2]
 
 if INTERPRETED or torch.cuda.is_available():
     from triton_cases import *  # noqa: F403  (the cases, collected here)
-else:
+
+if not INTERPRETED:
+    TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
+             torch.float64: "*fp64", torch.int32: "*i32", torch.int64: "*i64"}
+    SMALL, LARGE = 1000, 3 * 2**30   # argument values Triton passes as i32 and as i64
+
+    def launches(residual_dtype, input_dtype, n):
+        """(module, kernel, pointer and integer arguments, constexprs) as the ops launch them."""
+        from hvd_sparse.kernels.triton._common import nan_key
+        wide = torch.float64 in (residual_dtype, input_dtype) and residual_dtype != input_dtype
+        r, g = nan_key(residual_dtype), nan_key(input_dtype)
+        ints = dict(offset=n, numel=n, lo=n, hi=n, first_block=-3, num_blocks=n, key_min=n, p0=n,
+                    p1=n, p2=n, p3=n, sample_len=n, row_len=n, every=8, n=n, high_mask=n,
+                    iterations=7)
+        block = dict(BLOCK=1024)
+        return [
+            ("accumulate", "_nonfinite_kernel", dict(x_ptr=input_dtype, flag_ptr=torch.int64),
+             dict(NAN_KEY=g, **block)),
+            ("accumulate", "_accumulate_kernel",
+             dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=torch.int64,
+                  counts_ptr=torch.int32, probe_ptr=torch.int64),
+             dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r, **block)),
+            ("accumulate", "_accumulate_kernel",
+             dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=residual_dtype,
+                  counts_ptr=residual_dtype, probe_ptr=residual_dtype),
+             dict(SELECT=False, NUM_PROBES=0, GATED=False, CLEAR=False, WIDE=wide, NAN_KEY=r,
+                  **block)),
+            ("accumulate", "_count_kernel", dict(residual_ptr=residual_dtype, probe_ptr=torch.int64),
+             dict(NUM_PROBES=3, NAN_KEY=r, **block)),
+            ("accumulate", "_compact_kernel",
+             dict(residual_ptr=residual_dtype, ends_ptr=torch.int64, index_ptr=torch.int32),
+             dict(NAN_KEY=r, **block)),
+            ("topk", "_histogram_kernel",
+             dict(x_ptr=input_dtype, state_ptr=torch.int64, hist_ptr=torch.int32),
+             dict(SHIFT=8, NAN_KEY=g, BINS=256, **block)),
+            ("topk", "_choose_digit_kernel", dict(state_ptr=torch.int64, hist_ptr=torch.int32),
+             dict(SHIFT=8, BINS=256)),
+            ("topk", "_tie_count_kernel",
+             dict(x_ptr=input_dtype, state_ptr=torch.int64, counts_ptr=torch.int32),
+             dict(NAN_KEY=g, **block)),
+            ("topk", "_topk_compact_kernel",
+             dict(x_ptr=input_dtype, state_ptr=torch.int64, ends_ptr=torch.int64,
+                  index_ptr=torch.int64),
+             dict(NAN_KEY=g, **block)),
+        ], ints
+
+    @pytest.mark.parametrize("residual_dtype, input_dtype, n", [
+        (torch.float32, torch.float16, SMALL), (torch.float32, torch.float64, LARGE),
+        (torch.float64, torch.bfloat16, SMALL), (torch.float64, torch.float32, LARGE)])
+    def test_kernels_compile_for_hopper(residual_dtype, input_dtype, n):
+        """Every kernel compiles to an sm_90 (H100/H200) binary, no GPU needed: the interpreter
+        checks what the kernels compute, this checks that the compiler accepts them (its rules
+        are stricter than the interpreter's). i32 and i64 integer arguments, every input dtype."""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from triton.runtime.jit import mangle_type
+
+        kernels, ints = launches(residual_dtype, input_dtype, n)
+        for module, name, pointers, constexprs in kernels:
+            kernel = getattr(importlib.import_module(f"hvd_sparse.kernels.triton.{module}"), name)
+            signature = {arg: "constexpr" if arg in constexprs else
+                         TYPES[pointers[arg]] if arg in pointers else mangle_type(ints[arg])
+                         for arg in kernel.arg_names}
+            compiled = triton.compile(ASTSource(kernel, signature, constexprs),
+                                      target=GPUTarget("cuda", 90, 32))
+            assert compiled.asm["cubin"], name
+
+if not INTERPRETED and not torch.cuda.is_available():
     def test_triton_kernels_in_the_interpreter():
         env = dict(os.environ, TRITON_INTERPRET="1")
         child = subprocess.run(
