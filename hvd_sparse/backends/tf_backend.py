@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from .base import MAGNITUDE_KEYS, Backend, sample_shape
+from .base import MAGNITUDE_KEYS, Backend, float32_norms, sample_shape
 
 
 class TensorFlowBackend(Backend):
@@ -61,7 +61,9 @@ class TensorFlowBackend(Backend):
     def segment_norms(self, x, lengths):
         squares = tf.square(tf.cast(x, tf.float64))
         ragged = tf.RaggedTensor.from_row_lengths(squares, tf.constant(list(lengths), dtype=tf.int64))
-        return tf.sqrt(tf.reduce_sum(ragged, axis=1)).numpy()
+        starts = np.cumsum([0, *lengths]).tolist()
+        return float32_norms(tf.reduce_sum(ragged, axis=1).numpy().tolist(), list(lengths),
+                             lambda i: x[starts[i]:starts[i + 1]].numpy())
 
     def all_finite(self, x):
         return bool(tf.reduce_all(tf.math.is_finite(x)))
