@@ -34,26 +34,20 @@ def _nonfinite_kernel(x_ptr, numel, flag_ptr, NAN_KEY: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _count_probes(key, sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES: tl.constexpr,
-                  NAN_KEY: tl.constexpr):
-    """Adds to probe_ptr[j] how many sampled keys pass probe key p_j (j < NUM_PROBES)."""
-    finite_or_inf = sampled & (key < NAN_KEY)
-    if NUM_PROBES > 0:
-        tl.atomic_add(probe_ptr, tl.sum((finite_or_inf & (key >= p0)).to(tl.int64), 0))
-    if NUM_PROBES > 1:
-        tl.atomic_add(probe_ptr + 1, tl.sum((finite_or_inf & (key >= p1)).to(tl.int64), 0))
-    if NUM_PROBES > 2:
-        tl.atomic_add(probe_ptr + 2, tl.sum((finite_or_inf & (key >= p2)).to(tl.int64), 0))
-    if NUM_PROBES > 3:
-        tl.atomic_add(probe_ptr + 3, tl.sum((finite_or_inf & (key >= p3)).to(tl.int64), 0))
-
-
-@triton.jit
-def _sampled(position, lo, hi, sample_len, row_len, every):
-    """Whether ``position`` lies in the sub-range count_at_least reads (see base.sample_shape)."""
+def _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, probe_ptr,
+                  p0, p1, p2, p3, NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr):
+    """Adds to probe_ptr[j] how many keys pass probe key p_j (j < NUM_PROBES), over the positions
+    of [lo, hi) that count_at_least reads (see base.sample_shape)."""
     relative = position - lo
-    return ((position >= lo) & (position < hi) & (relative < sample_len)
-            & ((relative // row_len) % every == 0))
+    counted = (inside & (position >= lo) & (position < hi) & (relative < sample_len)
+               & ((relative // row_len) % every == 0) & (key < NAN_KEY))
+    tl.atomic_add(probe_ptr, tl.sum((counted & (key >= p0)).to(tl.int64), 0))
+    if NUM_PROBES > 1:
+        tl.atomic_add(probe_ptr + 1, tl.sum((counted & (key >= p1)).to(tl.int64), 0))
+    if NUM_PROBES > 2:
+        tl.atomic_add(probe_ptr + 2, tl.sum((counted & (key >= p2)).to(tl.int64), 0))
+    if NUM_PROBES > 3:
+        tl.atomic_add(probe_ptr + 3, tl.sum((counted & (key >= p3)).to(tl.int64), 0))
 
 
 @triton.jit
@@ -83,8 +77,9 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         in_range = inside & (position >= lo) & (position < hi)
         hits = tl.sum((in_range & (key >= key_min) & (key < NAN_KEY)).to(tl.int32), 0)
         tl.atomic_add(counts_ptr + block, hits, mask=(block >= 0) & (block < num_blocks))
-        sampled = inside & _sampled(position, lo, hi, sample_len, row_len, every)
-        _count_probes(key, sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
+        if NUM_PROBES > 0:
+            _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, probe_ptr,
+                          p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
 
 
 @triton.jit
@@ -92,9 +87,11 @@ def _count_kernel(residual_ptr, lo, hi, probe_ptr, p0, p1, p2, p3, sample_len, r
                   NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
     """Probe counts beyond the fused ones: reads the range of the (already updated) residual."""
     position = lo + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    sampled = _sampled(position, lo, hi, sample_len, row_len, every)
-    a = tl.load(residual_ptr + position, mask=sampled, other=0)
-    _count_probes(capped_key(a, NAN_KEY), sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
+    relative = position - lo   # read only the sampled rows (1/every of the range)
+    inside = (position < hi) & (relative < sample_len) & ((relative // row_len) % every == 0)
+    a = tl.load(residual_ptr + position, mask=inside, other=0)
+    _count_probes(capped_key(a, NAN_KEY), position, inside, lo, hi, sample_len, row_len, every,
+                  probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
 
 
 @triton.jit
