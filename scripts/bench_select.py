@@ -72,11 +72,13 @@ def floor_seconds(n: int, repeats: int, device: str) -> float:
 
 
 def gradients(n: int, size: int, device: str, seed: int = 0) -> list[torch.Tensor]:
-    """Heavy tails and 64 "layers" of different scale, like real gradients."""
-    generator = torch.Generator().manual_seed(seed)
-    scale = torch.exp(torch.randn(64, generator=generator)).repeat_interleave(-(-n // 64))[:n]
-    return [(torch.distributions.StudentT(3.0).sample((n,)) * scale * 1e-3).to(device)
-            for _ in range(size)]
+    """Heavy tails and 64 "layers" of different scale, like real gradients; the same for the same
+    seed (so kernels on, off and TensorFlow see the same data and make the same decisions)."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)   # StudentT draws from the global generator
+        scale = torch.exp(torch.randn(64)).repeat_interleave(-(-n // 64))[:n]
+        return [(torch.distributions.StudentT(3.0).sample((n,)) * scale * 1e-3).to(device)
+                for _ in range(size)]
 
 
 def method_seconds(method: str, n: int, size: int, density: float, repeats: int, device: str,
