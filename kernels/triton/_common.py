@@ -10,6 +10,7 @@ would pass a Python float as fp32, which is wrong for fp64 data).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
@@ -70,6 +71,12 @@ def capped_key(x, NAN_KEY: tl.constexpr):
 
 def blocks(n: int, block: int) -> int:
     return -(-n // block)
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it the tensors' own (a rank's tensors may
+    live on another GPU than the current one)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def same_device(tensors: list[torch.Tensor], device: torch.device) -> bool:

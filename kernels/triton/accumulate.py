@@ -18,7 +18,17 @@ import triton.language as tl
 from hvd_sparse.backends.base import sample_shape
 
 from . import _common
-from ._common import FLOATS, INDICES, RESIDUALS, blocks, capped_key, nan_key, same_device, threshold_key
+from ._common import (
+    FLOATS,
+    INDICES,
+    RESIDUALS,
+    blocks,
+    capped_key,
+    nan_key,
+    on_device,
+    same_device,
+    threshold_key,
+)
 
 # The fused pass counts this many probes; more are counted by extra passes over the range.
 FUSED_PROBES = 4
@@ -126,8 +136,9 @@ def _nonfinite_into(flag: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         if t.numel() == 0 or not t.dtype.is_floating_point:
             continue
         flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
-        _nonfinite_kernel[(blocks(flat.numel(), block),)](
-            flat, flat.numel(), flag, NAN_KEY=nan_key(flat.dtype), BLOCK=block)
+        with on_device(flat.device):
+            _nonfinite_kernel[(blocks(flat.numel(), block),)](
+                flat, flat.numel(), flag, NAN_KEY=nan_key(flat.dtype), BLOCK=block)
 
 
 class _Selection:
@@ -186,13 +197,14 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
         source = t.reshape(-1) if contiguous else t.contiguous().reshape(-1)
         first = (offset - lo) // block
         last = (offset + n - 1 - lo) // block
-        _accumulate_kernel[(last - first + 1,)](
-            residual, source, offset, n, lo, hi, first, num_blocks, gate, counts, probe_counts,
-            key, *probe_keys, *sample,
-            SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
-            CLEAR=clear_inputs and contiguous,
-            WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
-            NAN_KEY=nan, BLOCK=block)
+        with on_device(residual.device):
+            _accumulate_kernel[(last - first + 1,)](
+                residual, source, offset, n, lo, hi, first, num_blocks, gate, counts,
+                probe_counts, key, *probe_keys, *sample,
+                SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
+                CLEAR=clear_inputs and contiguous,
+                WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
+                NAN_KEY=nan, BLOCK=block)
         if clear_inputs and not contiguous:  # the kernel zeroed a copy: zero the tensor itself
             if skip is None:
                 t.zero_()
@@ -202,9 +214,10 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
     if selection is not None:
         for first in range(FUSED_PROBES, len(selection.probe_keys), FUSED_PROBES):
             probe_keys, count = selection.probe_args(first)
-            _count_kernel[(selection.num_blocks,)](
-                residual, lo, hi, selection.scalars[1 + first:], *probe_keys, *sample,
-                NUM_PROBES=count, NAN_KEY=nan, BLOCK=block)
+            with on_device(residual.device):
+                _count_kernel[(selection.num_blocks,)](
+                    residual, lo, hi, selection.scalars[1 + first:], *probe_keys, *sample,
+                    NUM_PROBES=count, NAN_KEY=nan, BLOCK=block)
 
 
 def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
@@ -228,9 +241,10 @@ def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: in
     probe_counts = selection.probe_counts(values[1:1 + len(probes)] if finite else [0] * len(probes))
     index = torch.empty(total, dtype=index_dtype, device=residual.device)
     if total:
-        _compact_kernel[(selection.num_blocks,)](
-            residual, lo, hi, ends, index, selection.key,
-            NAN_KEY=nan_key(residual.dtype), BLOCK=_common.BLOCK)
+        with on_device(residual.device):
+            _compact_kernel[(selection.num_blocks,)](
+                residual, lo, hi, ends, index, selection.key,
+                NAN_KEY=nan_key(residual.dtype), BLOCK=_common.BLOCK)
     return finite, index, probe_counts
 
 
