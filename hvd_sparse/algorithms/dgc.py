@@ -220,9 +220,8 @@ class DGC(Algorithm):
         density = self.current_density
         plan = sampling_plan(ctx.numel, density, self.sample_ratio)
         control.density, control.k = density, plan.k
-        importance = b.abs(acc)
         if plan.num_samples == ctx.numel:
-            samples = importance
+            samples = b.abs(acc)
         else:
             rng = np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
             if self.strided_sample:
@@ -230,10 +229,11 @@ class DGC(Algorithm):
                 where = np.arange(start, ctx.numel, plan.stride, dtype=np.int64)
             else:
                 where = rng.integers(0, ctx.numel, plan.num_samples, dtype=np.int64)
-            samples = b.take(importance, b.from_numpy(where, like=acc))
+            samples = b.abs(b.take(acc, b.from_numpy(where, like=acc)))
         top = b.take(samples, b.topk_abs_indices(samples, plan.top_samples))
         threshold = float(np.min(b.to_numpy(top)))
-        idx = b.indices_where_at_least(importance, threshold)
+        # |a| >= threshold, read off a itself (no |a| vector of the bucket's size)
+        idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
         count = b.numel(idx)
         if ctx.numel > plan.num_samples:
             for _ in range(self.max_adaptation_iters):
@@ -241,14 +241,14 @@ class DGC(Algorithm):
                     if count <= self.upper * plan.k:
                         break
                     if self.resample:
-                        idx = b.take(idx, b.topk_abs_indices(b.take(importance, idx), plan.k))
+                        idx = b.take(idx, b.topk_abs_indices(b.take(acc, idx), plan.k))
                         break
                     threshold *= self.upper
                 elif count < self.lower * plan.k:
                     threshold *= self.lower
                 else:
                     break
-                idx = b.indices_where_at_least(importance, threshold)
+                idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
                 count = b.numel(idx)
         control.threshold = threshold
         return b.slice(idx, 0, plan.k) if b.numel(idx) > plan.k else idx

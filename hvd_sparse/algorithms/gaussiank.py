@@ -100,8 +100,8 @@ class GaussianK(Algorithm):
     def _original(self, magnitude: Any, threshold: float, k: int, dtype: str, ctx: StepContext
                   ) -> tuple[Any, float]:
         b = ctx.backend
-        candidates = magnitude                         # values of the candidates ...
-        positions = b.arange(0, ctx.numel, like=magnitude)  # ... and where they are in the bucket
+        candidates = magnitude   # values of the candidates, and where they are in the bucket:
+        positions = None         # None while the candidates are the whole bucket (no index copy)
         kept: list = []
         n_kept = 0
         last_too_many = False
@@ -110,7 +110,7 @@ class GaussianK(Algorithm):
             count = n_kept + b.numel(above)
             last_too_many = False
             if count < 2 * k / 3:
-                kept.append(b.take(positions, above))
+                kept.append(above if positions is None else b.take(positions, above))
                 n_kept += b.numel(above)
                 # Remove them from the candidates. λ keeps its sign (it is only ever scaled by
                 # positive factors): for λ >= 0 a zeroed candidate never exceeds it again; for
@@ -119,15 +119,15 @@ class GaussianK(Algorithm):
                     candidates = b.zero_at(candidates, above)
                 else:
                     nothing = b.arange(0, 0, like=magnitude)
-                    candidates, positions = b.take(candidates, nothing), b.take(positions, nothing)
+                    candidates, positions = b.take(candidates, nothing), nothing
                 threshold *= 0.1
             elif count > 4 * k / 3:
                 last_too_many = True
                 candidates = b.take(candidates, above)
-                positions = b.take(positions, above)
+                positions = above if positions is None else b.take(positions, above)
                 threshold *= 2.0
             else:
-                kept.append(b.take(positions, above))
+                kept.append(above if positions is None else b.take(positions, above))
                 n_kept += b.numel(above)
                 break
         if last_too_many and n_kept < 2 * k / 3:

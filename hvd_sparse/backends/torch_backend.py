@@ -187,6 +187,13 @@ class TorchBackend(Backend):
         for t in tensors:
             t.zero_()
 
+    def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
+        kernel = None if len(probes) else getattr(kernels.ops_for(x), "abs_at_least", None)  # CPU
+        idx = None if kernel is None else kernel(x, lo, hi, threshold, torch.int64)
+        if idx is not None:
+            return idx, []
+        return super().select_at_least(x, lo, hi, threshold, probes, every)
+
     def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
                           index_dtype="int64", clear_inputs=False):
         ops = kernels.ops_for(residual)

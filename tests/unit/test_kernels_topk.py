@@ -151,6 +151,25 @@ def test_kernel_declines_what_it_does_not_handle():
     assert ops.topk_abs(torch.ones(8), 9, torch.int64) is None   # the reference op decides
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_abs_at_least_kernel_matches_the_reference_selection(dtype):
+    """DGC's |a| >= λ without a |a| vector: the reference ``select_at_least`` without probes."""
+    ops = cpu_ops()
+    for name, x in vectors(20_000, 9).items():
+        t = torch.from_numpy(x).to(dtype)
+        finite = np.abs(x[np.isfinite(x)])
+        median = float(np.median(finite)) if finite.size else 1.0
+        for threshold in (median, 0.1 + median, 0.0, -1.0, float("inf"), float("nan"), 1e39):
+            for lo, hi in ((0, 20_000), (0, 0), (777, 777), (3, 19_001)):
+                with np.errstate(over="ignore"):   # NumPy warns as it rounds 1e39 to float32 inf
+                    want = reference(TB.select_at_least, t, lo, hi, threshold)[0]
+                for index_dtype in (torch.int32, torch.int64):
+                    got = ops.abs_at_least(t, lo, hi, threshold, index_dtype)
+                    assert got.dtype == index_dtype
+                    assert torch.equal(got.long(), want), f"{name} {dtype} λ={threshold} [{lo}, {hi})"
+
+
 # --- segment norms --------------------------------------------------------------------------------
 LENGTHS = [0, 1, 5, 2047, 2049, 0, 100_000]
 
