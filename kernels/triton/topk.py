@@ -59,29 +59,32 @@ def _choose_digit_kernel(state_ptr, hist_ptr, SHIFT: tl.constexpr, BINS: tl.cons
 
 
 @triton.jit
-def _tie_count_kernel(x_ptr, n, state_ptr, counts_ptr, num_blocks,
-                      NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
-    """counts[j] = keys > K in block j, counts[num_blocks + j] = keys == K."""
-    block = tl.program_id(0).to(tl.int64)
+def _above_and_tied(x_ptr, n, state_ptr, block, NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    """Positions of block j and, as int64 0/1, which of their keys are > K and == K."""
     offsets = block * BLOCK + tl.arange(0, BLOCK)
     inside = offsets < n
     key = capped_key(tl.load(x_ptr + offsets, mask=inside, other=0), NAN_KEY).to(tl.int64)
     kth = tl.load(state_ptr)
-    tl.store(counts_ptr + block, tl.sum((inside & (key > kth)).to(tl.int32), 0))
-    tl.store(counts_ptr + num_blocks + block, tl.sum((inside & (key == kth)).to(tl.int32), 0))
+    return offsets, (inside & (key > kth)).to(tl.int64), (inside & (key == kth)).to(tl.int64)
+
+
+@triton.jit
+def _tie_count_kernel(x_ptr, n, state_ptr, counts_ptr, num_blocks,
+                      NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    """counts[j] = keys > K in block j, counts[num_blocks + j] = keys == K."""
+    block = tl.program_id(0).to(tl.int64)
+    _, above, tied = _above_and_tied(x_ptr, n, state_ptr, block, NAN_KEY, BLOCK)
+    tl.store(counts_ptr + block, tl.sum(above, 0).to(tl.int32))
+    tl.store(counts_ptr + num_blocks + block, tl.sum(tied, 0).to(tl.int32))
 
 
 @triton.jit
 def _topk_compact_kernel(x_ptr, n, state_ptr, ends_ptr, num_blocks, index_ptr,
                          NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+    """Writes every entry > K and the first ``need`` entries == K at their ascending slots."""
     block = tl.program_id(0).to(tl.int64)
-    offsets = block * BLOCK + tl.arange(0, BLOCK)
-    inside = offsets < n
-    key = capped_key(tl.load(x_ptr + offsets, mask=inside, other=0), NAN_KEY).to(tl.int64)
-    kth = tl.load(state_ptr)
+    offsets, above, tied = _above_and_tied(x_ptr, n, state_ptr, block, NAN_KEY, BLOCK)
     need = tl.load(state_ptr + 1)   # how many entries == K are taken: the lowest-indexed ones
-    above = (inside & (key > kth)).to(tl.int64)
-    tied = (inside & (key == kth)).to(tl.int64)
     above_before = tl.load(ends_ptr + block) - tl.sum(above, 0) + tl.cumsum(above, 0) - above
     tied_before = (tl.load(ends_ptr + num_blocks + block) - tl.sum(tied, 0)
                    + tl.cumsum(tied, 0) - tied)
