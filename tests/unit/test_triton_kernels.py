@@ -100,6 +100,40 @@ if not INTERPRETED:
                                       target=GPUTarget("cuda", 90, 32))
             assert compiled.asm["cubin"], name
 
+if not INTERPRETED and torch.cuda.is_available():
+    def test_host_synchronizations():
+        """topk_abs and accumulate keep everything on the GPU; accumulate_select, with or without
+        the finite check, reads its count, probe counts and finite flag in ONE host copy (torch's
+        sync debug mode warns once per synchronizing operation)."""
+        import warnings
+
+        kt = importlib.import_module("hvd_sparse.kernels.triton")
+        x = torch.randn(100_000, device="cuda")
+        grads = [torch.randn(60_000, device="cuda"),
+                 torch.randn(200, 200, device="cuda", dtype=torch.float16).t()]
+        residual = torch.zeros(100_000, device="cuda")
+
+        def syncs(op) -> int:
+            op()   # compiles first
+            torch.cuda.synchronize()
+            previous = torch.cuda.get_sync_debug_mode()
+            torch.cuda.set_sync_debug_mode("warn")
+            try:
+                with warnings.catch_warnings(record=True) as caught:
+                    warnings.simplefilter("always")
+                    op()
+            finally:
+                torch.cuda.set_sync_debug_mode(previous)
+            return sum("synchronizing" in str(w.message) for w in caught)
+
+        select = (1000, 90_000, 1.0, [0.5, 2.0], 1, torch.int32, True)
+        assert syncs(lambda: kt.topk_abs(x, 100, torch.int64)) == 0
+        assert syncs(lambda: kt.accumulate(residual, grads, True)) == 0
+        assert syncs(lambda: kt.accumulate_if_finite(residual, grads, True)) == 0
+        assert syncs(lambda: kt.accumulate_select(residual, grads, *select)) == 1
+        assert syncs(lambda: kt.accumulate_select_if_finite(residual, grads, *select)) == 1
+        assert syncs(lambda: kt.all_finite(grads)) == 1
+
 if not INTERPRETED and not torch.cuda.is_available():
     # About a minute on two free cores; the limits leave room for a machine shared with other jobs.
     @pytest.mark.timeout(600)
