@@ -13,9 +13,11 @@
 #
 # Logs go to bench/gpu/ (cuda_tests_<gpu>.log, topk_kernels_<gpu>.log, select_kernels_<gpu>.log;
 # the selection benchmark's JSON, Markdown and figure to bench/gpu/select/), where
-# scripts/report.py collects them. Each stage has a time limit (GPU_CHECK_TEST_SECONDS,
-# GPU_CHECK_TOPK_SECONDS, GPU_CHECK_BENCH_SECONDS) so that the whole run fits a 10-minute lease;
-# a stage cut off keeps its log as far as it got and says so. The first use of each Triton kernel
+# scripts/report.py collects them. On a lent machine whose tool returns only what is written under
+# $OUT, they go to $OUT/bench/gpu/ instead, as they are written (so a run killed at its time limit
+# still returns them): copy that folder over bench/gpu/ afterwards. Each stage has a time limit
+# (GPU_CHECK_TEST_SECONDS, GPU_CHECK_TOPK_SECONDS, GPU_CHECK_BENCH_SECONDS) so that the whole run
+# fits a 10-minute lease; a stage cut off keeps its log as far as it got and says so. The first use of each Triton kernel
 # compiles it (seconds; cached on disk), which the tests pay, and the benchmarks' warm-up calls.
 #
 # Python: $PYTHON, else the repository's .venv if its torch sees a GPU, else python3. It needs a
@@ -25,10 +27,11 @@ set -uo pipefail
 
 repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
-out="$repo/bench/gpu"
+out="${OUT:+$OUT/bench/gpu}"
+out="${out:-$repo/bench/gpu}"
 test_seconds=${GPU_CHECK_TEST_SECONDS:-200}
 topk_seconds=${GPU_CHECK_TOPK_SECONDS:-60}
-bench_seconds=${GPU_CHECK_BENCH_SECONDS:-300}
+bench_seconds=${GPU_CHECK_BENCH_SECONDS:-270}
 
 log() { printf '[gpu_check] %s\n' "$*"; }
 die() { printf '[gpu_check] ERROR: %s\n' "$*" >&2; exit 2; }
@@ -91,7 +94,7 @@ run_stage "top-k kernel against torch.topk" "$out/topk_kernels_$tag.log" "$topk_
     "$python" scripts/bench_topk.py --device cuda --sizes 25e6 1e8
 run_stage "selection benchmark, kernels on and off" "$out/select_kernels_$tag.log" "$bench_seconds" \
     "$python" scripts/bench_select.py --device cuda --sizes 25e6 1e8 --world-sizes 4 \
-    --kernels on off --out-dir bench/gpu/select
+    --kernels on off --out-dir "$out/select"
 
-log "done (status $status); logs in ${out#"$repo"/}/"
+log "done (status $status); logs in $out/"
 exit "$status"
