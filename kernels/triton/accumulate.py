@@ -61,16 +61,17 @@ def _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, pro
 
 
 @triton.jit
-def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, num_blocks,
-                       skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
+def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, range_block,
+                       num_blocks, skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
                        sample_len, row_len, every,
                        SELECT: tl.constexpr, NUM_PROBES: tl.constexpr, GATED: tl.constexpr,
                        CLEAR: tl.constexpr, WIDE: tl.constexpr, NAN_KEY: tl.constexpr,
                        BLOCK: tl.constexpr):
-    # Blocks are aligned on lo, so that block j (0 <= j < num_blocks) of the range is the same
-    # block for every input tensor that overlaps it; its count may come from two launches.
+    # Block b covers [b * BLOCK, (b + 1) * BLOCK) of the residual, whichever tensor it reads: the
+    # residual's accesses stay aligned (vector loads), and count j belongs to block range_block + j
+    # for every launch (a block on a tensor border is counted by two).
     block = first_block + tl.program_id(0).to(tl.int64)
-    position = lo + block * BLOCK + tl.arange(0, BLOCK)
+    position = block * BLOCK + tl.arange(0, BLOCK)
     inside = (position >= offset) & (position < offset + numel)
     if GATED:  # a device flag says the step is skipped: write nothing
         inside = inside & (tl.load(skip_ptr) == 0)
@@ -86,34 +87,37 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         key = capped_key(a, NAN_KEY)
         in_range = inside & (position >= lo) & (position < hi)
         hits = tl.sum((in_range & (key >= key_min) & (key < NAN_KEY)).to(tl.int32), 0)
-        tl.atomic_add(counts_ptr + block, hits, mask=(block >= 0) & (block < num_blocks))
+        j = block - range_block
+        tl.atomic_add(counts_ptr + j, hits, mask=(j >= 0) & (j < num_blocks))
         if NUM_PROBES > 0:
             _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, probe_ptr,
                           p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
 
 
 @triton.jit
-def _count_kernel(residual_ptr, lo, hi, probe_ptr, p0, p1, p2, p3, sample_len, row_len, every,
-                  NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+def _count_kernel(residual_ptr, lo, hi, range_block, probe_ptr, p0, p1, p2, p3, sample_len,
+                  row_len, every, NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr,
+                  BLOCK: tl.constexpr):
     """Probe counts beyond the fused ones: reads the range of the (already updated) residual."""
-    position = lo + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    position = (range_block + tl.program_id(0).to(tl.int64)) * BLOCK + tl.arange(0, BLOCK)
     relative = position - lo   # read only the sampled rows (1/every of the range)
-    inside = (position < hi) & (relative < sample_len) & ((relative // row_len) % every == 0)
+    inside = ((position >= lo) & (position < hi) & (relative < sample_len)
+              & ((relative // row_len) % every == 0))
     a = tl.load(residual_ptr + position, mask=inside, other=0)
     _count_probes(capped_key(a, NAN_KEY), position, inside, lo, hi, sample_len, row_len, every,
                   probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
 
 
 @triton.jit
-def _compact_kernel(residual_ptr, lo, hi, ends_ptr, index_ptr, key_min,
+def _compact_kernel(residual_ptr, lo, hi, range_block, ends_ptr, index_ptr, key_min,
                     NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
-    """Writes the in-range indices of block j at its offset: ends[j] - (its count)."""
-    block = tl.program_id(0).to(tl.int64)
-    position = lo + block * BLOCK + tl.arange(0, BLOCK)
-    inside = position < hi
+    """Writes the in-range indices of range block j at its offset: ends[j] - (its count)."""
+    j = tl.program_id(0).to(tl.int64)
+    position = (range_block + j) * BLOCK + tl.arange(0, BLOCK)
+    inside = (position >= lo) & (position < hi)
     key = capped_key(tl.load(residual_ptr + position, mask=inside, other=0), NAN_KEY)
     hit = (inside & (key >= key_min) & (key < NAN_KEY)).to(tl.int64)
-    start = tl.load(ends_ptr + block) - tl.sum(hit, 0)
+    start = tl.load(ends_ptr + j) - tl.sum(hit, 0)
     slot = start + tl.cumsum(hit, 0) - hit
     tl.store(index_ptr + slot, position.to(index_ptr.dtype.element_ty), mask=hit > 0)
 
@@ -147,7 +151,9 @@ class _Selection:
     def __init__(self, residual: torch.Tensor, lo: int, hi: int, threshold: float,
                  probes: list[float], every: int):
         self.lo, self.hi, self.length = lo, hi, hi - lo
-        self.num_blocks = blocks(self.length, _common.BLOCK)
+        # The residual's blocks that [lo, hi) touches: range_block, range_block + 1, ...
+        self.range_block = lo // _common.BLOCK
+        self.num_blocks = blocks(hi, _common.BLOCK) - self.range_block if hi > lo else 0
         self.key = threshold_key(threshold, residual.dtype)
         self.probe_keys = [threshold_key(p, residual.dtype) for p in probes]
         shape = sample_shape(self.length, every)
@@ -179,6 +185,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
     nan = nan_key(residual.dtype)
     lo = selection.lo if selection is not None else 0
     hi = selection.hi if selection is not None else 0
+    range_block = selection.range_block if selection is not None else 0
     num_blocks = selection.num_blocks if selection is not None else 0
     if selection is not None:
         probe_keys, fused = selection.probe_args(0)
@@ -195,11 +202,11 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
             continue
         contiguous = t.is_contiguous()
         source = t.reshape(-1) if contiguous else t.contiguous().reshape(-1)
-        first = (offset - lo) // block
-        last = (offset + n - 1 - lo) // block
+        first = offset // block
+        last = (offset + n - 1) // block
         with on_device(residual.device):
             _accumulate_kernel[(last - first + 1,)](
-                residual, source, offset, n, lo, hi, first, num_blocks, gate, counts,
+                residual, source, offset, n, lo, hi, first, range_block, num_blocks, gate, counts,
                 probe_counts, key, *probe_keys, *sample,
                 SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
                 CLEAR=clear_inputs and contiguous,
@@ -216,7 +223,8 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
             probe_keys, count = selection.probe_args(first)
             with on_device(residual.device):
                 _count_kernel[(selection.num_blocks,)](
-                    residual, lo, hi, selection.scalars[1 + first:], *probe_keys, *sample,
+                    residual, lo, hi, range_block, selection.scalars[1 + first:], *probe_keys,
+                    *sample,
                     NUM_PROBES=count, NAN_KEY=nan, BLOCK=block)
 
 
@@ -243,7 +251,7 @@ def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: in
     if total:
         with on_device(residual.device):
             _compact_kernel[(selection.num_blocks,)](
-                residual, lo, hi, ends, index, selection.key,
+                residual, lo, hi, selection.range_block, ends, index, selection.key,
                 NAN_KEY=nan_key(residual.dtype), BLOCK=_common.BLOCK)
     return finite, index, probe_counts
 

@@ -43,9 +43,9 @@ if not INTERPRETED:
         from hvd_sparse.kernels.triton._common import nan_key
         wide = torch.float64 in (residual_dtype, input_dtype) and residual_dtype != input_dtype
         r, g = nan_key(residual_dtype), nan_key(input_dtype)
-        ints = dict(offset=n, numel=n, lo=n, hi=n, first_block=-3, num_blocks=n, key_min=n, p0=n,
-                    p1=n, p2=n, p3=n, sample_len=n, row_len=n, every=8, n=n, high_mask=n,
-                    iterations=7)
+        ints = dict(offset=n, numel=n, lo=n, hi=n, first_block=7, range_block=n, num_blocks=n,
+                    key_min=n, p0=n, p1=n, p2=n, p3=n, sample_len=n, row_len=n, every=8, n=n,
+                    high_mask=n, iterations=7)
         block = dict(BLOCK=1024)
         return [
             ("accumulate", "_nonfinite_kernel", dict(x_ptr=input_dtype, flag_ptr=torch.int64),
