@@ -28,8 +28,9 @@ The finite check therefore has variants that keep their answer on the device:
   the gated accumulate-and-select, and ONE host copy that reads the finite flag, the probe
   counts and the total together. Not finite: residual and inputs untouched, idx empty.
 
-The engine today calls ``all_finite`` and then ``accumulate_select``: two synchronizations per
-step for a threshold method; ``accumulate_select_if_finite`` makes it one.
+The engine today calls ``all_finite`` and then ``accumulate_select`` (through the torch backend):
+two synchronizations for a threshold method's finite check and count, where
+``accumulate_select_if_finite`` takes one.
 
 Tests (tests/unit/test_triton_kernels.py, cases in tests/triton_cases.py): without a GPU every
 kernel runs in Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported, CPU
