@@ -176,12 +176,18 @@ class Backend:
 
     def accumulate_select(self, residual: Array, tensors: list[Array], lo: int, hi: int, threshold: float,
                           probes: list[float] = (), every: int = 1, index_dtype: str = "int64",
-                          clear_inputs: bool = False) -> tuple[Array, Array, list[float]]:
+                          clear_inputs: bool = False, check_finite: bool = False
+                          ) -> tuple[Array, Array | None, list[float], bool]:
         """``accumulate`` then ``select_at_least`` on the result: (accumulated vector, indices,
-        probe counts). A kernel does both in one pass and returns the indices as ``index_dtype``
-        (the reference returns int64; the engine casts either to the bucket's index dtype)."""
+        probe counts, True). A kernel does both in one pass and returns the indices as
+        ``index_dtype`` (the reference returns int64; the engine casts either to the bucket's index
+        dtype). With ``check_finite`` the inputs are first checked (``tensors_finite``; on a GPU in
+        the same host synchronization as the count): when one holds NaN/Inf nothing is written and
+        (residual, None, [], False) comes back."""
+        if check_finite and not self.tensors_finite(tensors):
+            return residual, None, [], False
         acc = self.accumulate(residual, tensors, clear_inputs)
-        return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every))
+        return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
 
     def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool,
                      zeroed: bool = False) -> list[Array]:

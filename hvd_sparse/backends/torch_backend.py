@@ -195,15 +195,22 @@ class TorchBackend(Backend):
         return super().select_at_least(x, lo, hi, threshold, probes, every)
 
     def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
-                          index_dtype="int64", clear_inputs=False):
+                          index_dtype="int64", clear_inputs=False, check_finite=False):
         ops = kernels.ops_for(residual)
         if ops is not None:
-            done = ops.accumulate_select(residual, tensors, lo, hi, threshold, list(probes), every,
-                                         _DTYPES[index_dtype], clear_inputs)
-            if done is not None:
-                return residual, done[0], done[1]
+            args = (residual, tensors, lo, hi, threshold, list(probes), every, _DTYPES[index_dtype],
+                    clear_inputs)
+            if check_finite:   # the finite check and the count read together (one sync on a GPU)
+                done = ops.accumulate_select_if_finite(*args)
+                if done is not None:
+                    finite, idx, counts = done
+                    return (residual, idx, counts, True) if finite else (residual, None, [], False)
+            else:
+                done = ops.accumulate_select(*args)
+                if done is not None:
+                    return residual, done[0], done[1], True
         return super().accumulate_select(residual, tensors, lo, hi, threshold, probes, every,
-                                         index_dtype, clear_inputs)
+                                         index_dtype, clear_inputs, check_finite)
 
     def scatter_into(self, tensors, idx, values, unique, zeroed=False):
         if not all(t.is_contiguous() for t in tensors):   # no flat view to write through

@@ -133,6 +133,23 @@ def test_accumulate_takes_non_contiguous_inputs_and_clears_them():
     assert all(bool((t == 0).all()) for t in given)
 
 
+@needs_kernels
+def test_accumulate_select_if_finite_writes_nothing_when_an_input_is_not_finite():
+    ops = cpu_ops()
+    residual, inputs = torch.randn(10), [torch.randn(4), torch.randn(6).half()]
+    inputs[1][2] = float("inf")
+    before, given = residual.clone(), [t.clone() for t in inputs]
+    finite, idx, counts = ops.accumulate_select_if_finite(residual, given, 0, 10, 0.1, [0.2], 1,
+                                                          torch.int32, True)
+    assert not finite and idx.numel() == 0 and idx.dtype == torch.int32 and counts == [0.0]
+    assert same(residual, before) and all(same(a, b) for a, b in zip(given, inputs, strict=True))
+    inputs[1][2] = 0.5
+    expected = before + torch.cat([t.float() for t in inputs])
+    finite, idx, _ = ops.accumulate_select_if_finite(residual, inputs, 0, 10, 0.1, [], 1, torch.int64, True)
+    assert finite and same(residual, expected)
+    assert torch.equal(idx, torch.nonzero(expected.abs() >= 0.1).reshape(-1))
+
+
 def reference_select(residual, tensors, lo, hi, threshold, probes, every):
     acc = reference_accumulate(residual, tensors)
     magnitude = acc[lo:hi].abs()
@@ -258,15 +275,16 @@ def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, siz
     grads = gradients(5, sizes, [torch.float32, torch.float16, torch.bfloat16])
     steps = 14
     ops, fused = cpu_ops(), []
-    kernel = ops.accumulate_select
-    monkeypatch.setattr(ops, "accumulate_select", lambda *a: fused.append(kernel(*a)) or fused[-1])
+    kernel = ops.accumulate_select_if_finite
+    monkeypatch.setattr(ops, "accumulate_select_if_finite", lambda *a: fused.append(kernel(*a)) or fused[-1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
         on = run_steps(algorithm, size, steps, grads, write_into_inputs)
         ran = len(fused)
         off = reference(run_steps, algorithm, size, steps, grads, write_into_inputs)
-    # every finite rank-step ran the fused kernel (one rank skips one step), none with kernels off
-    assert ran == len(fused) == steps * size - 1 and all(f is not None for f in fused)
+    # every rank-step ran the fused kernel, none with kernels off; one rank's step 7 was not finite
+    assert ran == len(fused) == steps * size and all(f is not None for f in fused)
+    assert [f[0] for f in fused].count(False) == 1
     assert_identical(on, off)
 
 
