@@ -193,23 +193,20 @@ class DGC(Algorithm):
     def accumulate(self, residual: Any, tensors: list, control: DGCControl, ctx: StepContext) -> Any:
         b = ctx.backend
         dtype = b.dtype_name(residual)
-        grad = b.accumulate(b.zeros(ctx.numel, dtype, like=residual), tensors)
-        if self.clip_norm is not None:
-            limit = self.clip_norm / math.sqrt(ctx.size)
-            coefficient = limit / (math.sqrt(b.sum_of_squares(grad)) + 1e-6)
-            if coefficient < 1:
-                grad = b.scale(grad, coefficient)
         u = control.momentum
         if u is None:
             u = b.zeros(ctx.numel, dtype, like=residual)
         elif isinstance(u, np.ndarray):  # restored from a checkpoint
             u = b.from_numpy(u.astype(dtype), like=residual)
-        if self.nesterov:
-            u = b.scale(b.add(u, grad), self.momentum)
-            velocity = b.add(b.add(residual, u), grad)
+        if self.clip_norm is None:   # one backend op (one pass with a kernel)
+            velocity, u = b.momentum_accumulate(residual, u, tensors, self.momentum, self.nesterov)
         else:
-            u = b.add(b.scale(u, self.momentum), grad)
-            velocity = b.add(residual, u)
+            grad = b.accumulate(b.zeros(ctx.numel, dtype, like=residual), tensors)
+            limit = self.clip_norm / math.sqrt(ctx.size)
+            coefficient = limit / (math.sqrt(b.sum_of_squares(grad)) + 1e-6)
+            if coefficient < 1:
+                grad = b.scale(grad, coefficient)
+            velocity, u = b.momentum_step(residual, u, grad, self.momentum, self.nesterov)
         control.momentum = u
         control.accumulated_step = ctx.step
         return velocity

@@ -189,6 +189,24 @@ class Backend:
         acc = self.accumulate(residual, tensors, clear_inputs)
         return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
 
+    def momentum_accumulate(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
+                            nesterov: bool) -> tuple[Array, Array]:
+        """DGC's momentum correction of the gradient g = concat(tensors): (velocity, momentum) with
+        u = u·m + g and velocity = residual + u, or with ``nesterov`` u = (u + g)·m and
+        velocity = residual + u + g; may write into residual and momentum."""
+        grad = self.accumulate(self.zeros(self.numel(residual), self.dtype_name(residual), like=residual),
+                               tensors)
+        return self.momentum_step(residual, momentum, grad, factor, nesterov)
+
+    def momentum_step(self, residual: Array, momentum: Array, grad: Array, factor: float,
+                      nesterov: bool) -> tuple[Array, Array]:
+        """``momentum_accumulate`` from the gradient as one vector (e.g. after clipping)."""
+        if nesterov:
+            momentum = self.scale(self.add(momentum, grad), factor)
+            return self.add(self.add(residual, momentum), grad), momentum
+        momentum = self.add(self.scale(momentum, factor), grad)
+        return self.add(residual, momentum), momentum
+
     def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool,
                      zeroed: bool = False) -> list[Array]:
         """The dense vector holding ``values`` at flat ``idx`` (summed where ``unique`` is False),

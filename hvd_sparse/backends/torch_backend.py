@@ -187,6 +187,12 @@ class TorchBackend(Backend):
         for t in tensors:
             t.zero_()
 
+    def momentum_accumulate(self, residual, momentum, tensors, factor, nesterov):
+        kernel = getattr(kernels.ops_for(residual), "momentum_accumulate", None)   # CPU
+        if kernel is not None and kernel(residual, momentum, tensors, factor, nesterov):
+            return residual, momentum
+        return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
+
     def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
         kernel = None if len(probes) else getattr(kernels.ops_for(x), "abs_at_least", None)  # CPU
         idx = None if kernel is None else kernel(x, lo, hi, threshold, torch.int64)

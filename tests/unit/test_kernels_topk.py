@@ -170,6 +170,23 @@ def test_abs_at_least_kernel_matches_the_reference_selection(dtype):
                     assert torch.equal(got.long(), want), f"{name} {dtype} λ={threshold} [{lo}, {hi})"
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_kernel_matches_the_reference_bit_for_bit(dtype, nesterov):
+    ops = cpu_ops()
+    x = vectors(30_000, 12)
+    residual = torch.from_numpy(x["heavy"]).to(dtype)
+    momentum = torch.from_numpy(x["random"]).to(dtype)
+    grads = [torch.from_numpy(x["nonfinite"][:10_000]).to(dtype),
+             torch.from_numpy(x["zero"][:20_000]).to(dtype).view(100, 200).t()]   # -0, non-contiguous
+    want = reference(TB.momentum_accumulate, residual.clone(), momentum.clone(), grads, 0.9, nesterov)
+    got = residual.clone(), momentum.clone()
+    assert ops.momentum_accumulate(*got, grads, 0.9, nesterov)
+    assert same(got[0], want[0]) and same(got[1], want[1])
+    assert ops.momentum_accumulate(residual, momentum, [g.half() for g in grads], 0.9, nesterov) is None
+
+
 # --- segment norms --------------------------------------------------------------------------------
 LENGTHS = [0, 1, 5, 2047, 2049, 0, 100_000]
 
@@ -280,6 +297,19 @@ def test_methods_identical_with_kernels_on_and_off(name, algorithm, size):
         warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
         on = run_steps(algorithm, size, steps, grads, keys)
         off = reference(run_steps, algorithm, size, steps, grads, keys)
+    assert_identical(on, off)
+
+
+@needs_kernels
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_dgc_on_fp32_gradients_identical_with_kernels_on_and_off(nesterov):
+    """fp32 gradients take the momentum kernel (the mixed-precision runs above do not)."""
+    sizes = [LARGE, 2_000]
+    grads = gradients(13, sizes, [torch.float32, torch.float32])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
+        on = run_steps(DGC(0.01, scope="model", nesterov=nesterov), 3, 8, grads, ["a", "b"])
+        off = reference(run_steps, DGC(0.01, scope="model", nesterov=nesterov), 3, 8, grads, ["a", "b"])
     assert_identical(on, off)
 
 
