@@ -78,7 +78,10 @@ class TensorFlowBackend(Backend):
 
     def tensors_finite(self, tensors):
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
-        return bool(tf.math.is_finite(total))
+        if bool(tf.math.is_finite(total)):
+            return True
+        # an overflowing sum is not enough
+        return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in tensors)
 
     def topk_abs_indices(self, x, k):
         x = tf.reshape(x, [-1])

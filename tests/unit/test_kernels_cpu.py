@@ -90,6 +90,17 @@ def test_all_finite_matches_isfinite(dtype):
     assert ops.all_finite([torch.zeros(3, dtype=torch.int32)]) is None   # not handled: reference
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch", "tensorflow"])
+def test_finite_check_is_exact_on_every_backend(backend):
+    """A sum of finite values that overflows fp32 is still finite; NaN and Inf are not."""
+    b = get_backend(backend)
+    cases = [([np.full(10, 3e38, np.float32)], True), ([np.array([1e300])], True),
+             ([np.ones(3, np.float32), np.array([np.nan], np.float32)], False),
+             ([np.array([-np.inf], np.float16)], False), ([np.ones(4, np.float16)], True)]
+    for arrays, finite in cases:
+        assert b.tensors_finite([b.from_numpy(a) for a in arrays]) is finite, (backend, arrays)
+
+
 def reference_accumulate(residual, tensors):
     offset = 0
     for t in tensors:
