@@ -3,7 +3,9 @@
 * On a GPU (TRITON_INTERPRET unset): the cases run here, compiled, on CUDA tensors.
 * With TRITON_INTERPRET=1 in the environment: the cases run here, in Triton's interpreter.
 * Otherwise (a CPU machine, the usual CI run): one test runs the cases in a child pytest with
-  TRITON_INTERPRET=1. Triton decides at import time whether its kernels are interpreted, and
+  TRITON_INTERPRET=1. Where Triton is installed beside the venv (tools/install.sh: out of the
+  way of TensorFlow, see TRITON_SITE), this whole module first reruns itself in a child process
+  that sees it. Triton decides at import time whether its kernels are interpreted, and
   reads the variable again while they run, so it cannot be set for this module alone in a
   shared process without leaking into every later test; the child keeps it to itself.
 * Wherever they are not interpreted: every kernel is compiled for sm_90 (H100/H200), which needs
@@ -24,16 +26,36 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
+REPO = Path(__file__).resolve().parents[2]
+# tools/install.sh installs Triton outside the venv's site-packages: loaded into a process that
+# already holds TensorFlow, Triton's native library crashes it (and torch imports Triton whenever
+# it can find it), so only the child processes below see it.
+TRITON_SITE = Path(sys.prefix) / "triton"
+
 if importlib.util.find_spec("triton") is None:
-    pytest.skip("Triton is not installed (tools/install.sh installs it)", allow_module_level=True)
+    if not TRITON_SITE.is_dir():
+        pytest.skip("Triton is not installed (tools/install.sh installs it)", allow_module_level=True)
+
+    @pytest.mark.timeout(900)
+    def test_triton_kernels_in_a_child_process():
+        """This module again, in a process that sees Triton and not TensorFlow."""
+        path = os.pathsep.join(p for p in (str(TRITON_SITE), os.environ.get("PYTHONPATH")) if p)
+        child = subprocess.run(
+            [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--timeout=800",
+             str(Path(__file__).resolve())],
+            cwd=REPO, env=dict(os.environ, PYTHONPATH=path), capture_output=True, text=True,
+            timeout=880)
+        report = child.stdout[-8000:] + child.stderr[-2000:]
+        assert child.returncode == 0, f"the Triton kernel tests failed:\n{report}"
+        assert " passed" in child.stdout and " skipped" not in child.stdout, report
 
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-REPO = Path(__file__).resolve().parents[2]
+HAS_TRITON = importlib.util.find_spec("triton") is not None
 
-if INTERPRETED or torch.cuda.is_available():
+if HAS_TRITON and (INTERPRETED or torch.cuda.is_available()):
     from triton_cases import *  # noqa: F403  (the cases, collected here)
 
-if not INTERPRETED:
+if HAS_TRITON and not INTERPRETED:
     TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",
              torch.float64: "*fp64", torch.int32: "*i32", torch.int64: "*i64"}
     SMALL, LARGE = 1000, 3 * 2**30   # argument values Triton passes as i32 and as i64
@@ -100,7 +122,7 @@ if not INTERPRETED:
                                       target=GPUTarget("cuda", 90, 32))
             assert compiled.asm["cubin"], name
 
-if not INTERPRETED and torch.cuda.is_available():
+if HAS_TRITON and not INTERPRETED and torch.cuda.is_available():
     def test_host_synchronizations():
         """topk_abs and accumulate keep everything on the GPU; accumulate_select, with or without
         the finite check, reads its count, probe counts and finite flag in ONE host copy (torch's
@@ -134,7 +156,7 @@ if not INTERPRETED and torch.cuda.is_available():
         assert syncs(lambda: kt.accumulate_select_if_finite(residual, grads, *select)) == 1
         assert syncs(lambda: kt.all_finite(grads)) == 1
 
-if not INTERPRETED and not torch.cuda.is_available():
+if HAS_TRITON and not INTERPRETED and not torch.cuda.is_available():
     # About a minute on two free cores; the limits leave room for a machine shared with other jobs.
     @pytest.mark.timeout(600)
     def test_triton_kernels_in_the_interpreter():
