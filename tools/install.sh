@@ -100,10 +100,13 @@ log "mpi4py==$mpi4py_v, build and test tools"
     cloudpickle psutil pyyaml packaging cffi wheel setuptools \
     numpy pytest pytest-timeout hypothesis ruff scikit-learn matplotlib
 # Triton at the version torch's CUDA build requires: the GPU kernels run on it, and on this CPU
-# torch the tests run them in its interpreter. It depends on nothing, so torch stays as it is.
+# torch the tests run them in its interpreter. It goes into .venv/triton, off the venv's path:
+# its native library crashes a process that loaded TensorFlow first, and torch imports Triton
+# whenever it finds it (tests/unit/test_triton_kernels.py puts it on the path of a child process).
 triton_v=$(pin triton)
-log "triton==$triton_v"
-"${pip[@]}" install "${constraints[@]}" "triton==$triton_v"
+log "triton==$triton_v (into $venv/triton)"
+"${pip[@]}" uninstall -y triton >/dev/null 2>&1 || true
+"${pip[@]}" install --no-deps --upgrade --target "$venv/triton" "triton==$triton_v"
 
 # --- Horovod, built from the sdist with two one-line fixes, cached by ABI key ----------------------
 py_tag=$("$venv/bin/python" -c 'import sys; print(f"cp{sys.version_info[0]}{sys.version_info[1]}")')

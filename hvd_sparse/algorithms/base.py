@@ -144,11 +144,12 @@ class Algorithm:
         return ctx.backend.accumulate(residual, tensors)
 
     def accumulate_select(self, residual: Any, tensors: list, control: Any, ctx: StepContext,
-                          clear_inputs: bool) -> tuple[Any, Any] | None:
-        """(accumulated vector, this rank's indices) from one backend op, for a method whose
-        selection is a threshold on the accumulated vector and needs no collective; the inputs are
-        cleared in the same pass with ``clear_inputs``. Default None: the engine calls
-        ``accumulate`` and then ``select``."""
+                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
+        """(accumulated vector, this rank's indices, finite) from one backend op, for a method
+        whose selection is a threshold on the accumulated vector and needs no collective; the
+        inputs are cleared in the same pass with ``clear_inputs``. With ``check_finite``, inputs
+        holding NaN/Inf leave everything untouched and finite is False (the engine then selects
+        from zeros). Default None: the engine calls ``accumulate`` and then ``select``."""
         return None
 
     def prepare(self, control: Any, ctx: StepContext) -> Protocol:

@@ -22,9 +22,9 @@ rank's own norms, so the total only approximates k, and the floor of 1 can overs
 without crashing (docs/algorithms.md#deft-guards): q is clamped at 0 and R_w must stay positive;
 non-finite norms count as 0 (the code would fail on int(nan), on that rank only, and hang the
 others); zero-size units (a tensor of fewer than N entries that still has more than n/N) are
-dropped, where the code would call top-k on an empty slice. Norms
-are accumulated in float64 and rounded to float32 -- the precision of the authors' torch.norm --
-so backends whose sums differ in the last float64 bits still split k identically (the split is
+dropped, where the code would call top-k on an empty slice. Norms are float32 -- the precision
+of the authors' torch.norm -- and exactly float32(sqrt(S)) for the exact sum of squares S
+(``Backend.segment_norms``), so every backend and kernel splits k identically (the split is
 sensitive to single bits: the last unit gets int(R_k * w / R_w) with w / R_w near 1).
 
 Host work per step: the L norms, the broadcast vectors and the gathered indices (for the

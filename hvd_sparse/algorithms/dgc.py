@@ -193,23 +193,20 @@ class DGC(Algorithm):
     def accumulate(self, residual: Any, tensors: list, control: DGCControl, ctx: StepContext) -> Any:
         b = ctx.backend
         dtype = b.dtype_name(residual)
-        grad = b.accumulate(b.zeros(ctx.numel, dtype, like=residual), tensors)
-        if self.clip_norm is not None:
-            limit = self.clip_norm / math.sqrt(ctx.size)
-            coefficient = limit / (math.sqrt(b.sum_of_squares(grad)) + 1e-6)
-            if coefficient < 1:
-                grad = b.scale(grad, coefficient)
         u = control.momentum
         if u is None:
             u = b.zeros(ctx.numel, dtype, like=residual)
         elif isinstance(u, np.ndarray):  # restored from a checkpoint
             u = b.from_numpy(u.astype(dtype), like=residual)
-        if self.nesterov:
-            u = b.scale(b.add(u, grad), self.momentum)
-            velocity = b.add(b.add(residual, u), grad)
+        if self.clip_norm is None:   # one backend op (one pass with a kernel)
+            velocity, u = b.momentum_accumulate(residual, u, tensors, self.momentum, self.nesterov)
         else:
-            u = b.add(b.scale(u, self.momentum), grad)
-            velocity = b.add(residual, u)
+            grad = b.accumulate(b.zeros(ctx.numel, dtype, like=residual), tensors)
+            limit = self.clip_norm / math.sqrt(ctx.size)
+            coefficient = limit / (math.sqrt(b.sum_of_squares(grad)) + 1e-6)
+            if coefficient < 1:
+                grad = b.scale(grad, coefficient)
+            velocity, u = b.momentum_step(residual, u, grad, self.momentum, self.nesterov)
         control.momentum = u
         control.accumulated_step = ctx.step
         return velocity
@@ -220,9 +217,8 @@ class DGC(Algorithm):
         density = self.current_density
         plan = sampling_plan(ctx.numel, density, self.sample_ratio)
         control.density, control.k = density, plan.k
-        importance = b.abs(acc)
         if plan.num_samples == ctx.numel:
-            samples = importance
+            samples = b.abs(acc)
         else:
             rng = np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
             if self.strided_sample:
@@ -230,10 +226,11 @@ class DGC(Algorithm):
                 where = np.arange(start, ctx.numel, plan.stride, dtype=np.int64)
             else:
                 where = rng.integers(0, ctx.numel, plan.num_samples, dtype=np.int64)
-            samples = b.take(importance, b.from_numpy(where, like=acc))
+            samples = b.abs(b.take(acc, b.from_numpy(where, like=acc)))
         top = b.take(samples, b.topk_abs_indices(samples, plan.top_samples))
         threshold = float(np.min(b.to_numpy(top)))
-        idx = b.indices_where_at_least(importance, threshold)
+        # |a| >= threshold, read off a itself (no |a| vector of the bucket's size)
+        idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
         count = b.numel(idx)
         if ctx.numel > plan.num_samples:
             for _ in range(self.max_adaptation_iters):
@@ -241,14 +238,14 @@ class DGC(Algorithm):
                     if count <= self.upper * plan.k:
                         break
                     if self.resample:
-                        idx = b.take(idx, b.topk_abs_indices(b.take(importance, idx), plan.k))
+                        idx = b.take(idx, b.topk_abs_indices(b.take(acc, idx), plan.k))
                         break
                     threshold *= self.upper
                 elif count < self.lower * plan.k:
                     threshold *= self.lower
                 else:
                     break
-                idx = b.indices_where_at_least(importance, threshold)
+                idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
                 count = b.numel(idx)
         control.threshold = threshold
         return b.slice(idx, 0, plan.k) if b.numel(idx) > plan.k else idx

@@ -89,63 +89,68 @@ class GaussianK(Algorithm):
         k = self.k(ctx.numel)
         mean, std = b.mean_std(acc)
         threshold = self.initial_threshold(mean, std)
-        magnitude = b.abs(acc)
         if self.variant == "rescale":
-            idx, threshold = self._rescale(magnitude, threshold, k, b.dtype_name(acc), b)
+            idx, threshold = self._rescale(acc, threshold, k, b.dtype_name(acc), ctx)
         else:
-            idx, threshold = self._original(magnitude, threshold, k, b.dtype_name(acc), ctx)
+            idx, threshold = self._original(acc, threshold, k, b.dtype_name(acc), ctx)
         control.threshold = threshold
         return idx
 
-    def _original(self, magnitude: Any, threshold: float, k: int, dtype: str, ctx: StepContext
+    def _original(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext
                   ) -> tuple[Any, float]:
         b = ctx.backend
-        candidates = magnitude                         # values of the candidates ...
-        positions = b.arange(0, ctx.numel, like=magnitude)  # ... and where they are in the bucket
+        # The candidates: their magnitudes and where they are in the bucket. While they are the
+        # whole bucket, both stay implicit (None): counts are read off a itself, and no vector of
+        # the bucket's size is made unless candidates must be zeroed in it.
+        candidates, positions = None, None
         kept: list = []
         n_kept = 0
         last_too_many = False
         for _ in range(self.max_loops):
-            above = b.indices_where_at_least(candidates, strictly_above(threshold, dtype))
+            least = strictly_above(threshold, dtype)
+            above = (b.select_at_least(acc, 0, ctx.numel, least)[0] if candidates is None
+                     else b.indices_where_at_least(candidates, least))
             count = n_kept + b.numel(above)
             last_too_many = False
             if count < 2 * k / 3:
-                kept.append(b.take(positions, above))
+                kept.append(above if positions is None else b.take(positions, above))
                 n_kept += b.numel(above)
                 # Remove them from the candidates. λ keeps its sign (it is only ever scaled by
                 # positive factors): for λ >= 0 a zeroed candidate never exceeds it again; for
                 # λ < 0 every candidate was above it, so none is left.
                 if threshold >= 0:
-                    candidates = b.zero_at(candidates, above)
+                    candidates = b.zero_at(b.abs(acc) if candidates is None else candidates, above)
                 else:
-                    nothing = b.arange(0, 0, like=magnitude)
-                    candidates, positions = b.take(candidates, nothing), b.take(positions, nothing)
+                    nothing = b.arange(0, 0, like=acc)
+                    candidates, positions = b.abs(b.take(acc, nothing)), nothing
                 threshold *= 0.1
             elif count > 4 * k / 3:
                 last_too_many = True
-                candidates = b.take(candidates, above)
-                positions = b.take(positions, above)
+                candidates = b.abs(b.take(acc, above)) if candidates is None else b.take(candidates, above)
+                positions = above if positions is None else b.take(positions, above)
                 threshold *= 2.0
             else:
-                kept.append(b.take(positions, above))
+                kept.append(above if positions is None else b.take(positions, above))
                 n_kept += b.numel(above)
                 break
         if last_too_many and n_kept < 2 * k / 3:
             kept.append(positions)
         if not kept:
-            return b.arange(0, 0, like=magnitude), threshold
+            return b.arange(0, 0, like=acc), threshold
         return b.concat(kept), threshold
 
-    def _rescale(self, magnitude: Any, threshold: float, k: int, dtype: str, b: Any) -> tuple[Any, float]:
+    def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext) -> tuple[Any, float]:
+        def above(t: float) -> Any:   # |a| > t, read off a itself
+            return ctx.backend.select_at_least(acc, 0, ctx.numel, strictly_above(t, dtype))[0]
         for _ in range(self.max_loops):
-            count = b.numel(b.indices_where_at_least(magnitude, strictly_above(threshold, dtype)))
+            count = ctx.backend.numel(above(threshold))
             if count < 2 * k / 3:
                 threshold *= 0.5
             elif count > 4 * k / 3:
                 threshold *= 1.5
             else:
                 break
-        return b.indices_where_at_least(magnitude, strictly_above(threshold, dtype)), threshold
+        return above(threshold), threshold
 
     def control_stats(self, control: GaussianControl) -> dict:
         return {} if control.threshold is None else {"threshold": control.threshold}

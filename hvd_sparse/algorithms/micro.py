@@ -215,13 +215,14 @@ class MiCRO(Algorithm):
         return idx
 
     def accumulate_select(self, residual: Any, tensors: list, control: ExclusiveControl, ctx: StepContext,
-                          clear_inputs: bool) -> tuple[Any, Any]:
+                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool]:
         probes, every = self.probes(control, ctx)
-        acc, idx, counts = ctx.backend.accumulate_select(
+        acc, idx, counts, finite = ctx.backend.accumulate_select(
             residual, tensors, *control.own, control.used_threshold, probes, every,
-            index_dtype_for(ctx.numel), clear_inputs)
-        self._keep_probes(control, counts, ctx)
-        return acc, idx
+            index_dtype_for(ctx.numel), clear_inputs, check_finite)
+        if finite:
+            self._keep_probes(control, counts, ctx)
+        return acc, idx, finite
 
     def _keep_probes(self, control: ExclusiveControl, counts: list[float], ctx: StepContext) -> None:
         if self.threshold_scaling == "tracking":

@@ -71,10 +71,11 @@ class Threshold(Algorithm):
         return ctx.backend.select_at_least(acc, 0, ctx.numel, control)[0]
 
     def accumulate_select(self, residual: Any, tensors: list, control: float, ctx: StepContext,
-                          clear_inputs: bool) -> tuple[Any, Any]:
-        acc, idx, _ = ctx.backend.accumulate_select(residual, tensors, 0, ctx.numel, control, (), 1,
-                                                    index_dtype_for(ctx.numel), clear_inputs)
-        return acc, idx
+                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool]:
+        acc, idx, _, finite = ctx.backend.accumulate_select(
+            residual, tensors, 0, ctx.numel, control, (), 1, index_dtype_for(ctx.numel), clear_inputs,
+            check_finite)
+        return acc, idx, finite
 
     def control_stats(self, control: float) -> dict:
         return {"threshold": control}

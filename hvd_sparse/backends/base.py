@@ -12,6 +12,7 @@ computations that read host scalars (``to_numpy``, ``item``).
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -80,7 +81,9 @@ class Backend:
 
     def segment_norms(self, x: Array, lengths: list[int]) -> np.ndarray:
         """L2 norm of each consecutive segment of x (segment i has ``lengths[i]`` entries, which
-        sum to numel(x)), accumulated in float64: a host float64 array (one synchronization)."""
+        sum to numel(x)) rounded to float32, as a host float64 array (one synchronization). The
+        same on every backend and kernel, bit for bit: float32(sqrt(S)) for S the exact sum of
+        squares rounded to float64 (see ``float32_norms``)."""
         raise NotImplementedError
 
     def all_finite(self, x: Array) -> bool:
@@ -173,12 +176,36 @@ class Backend:
 
     def accumulate_select(self, residual: Array, tensors: list[Array], lo: int, hi: int, threshold: float,
                           probes: list[float] = (), every: int = 1, index_dtype: str = "int64",
-                          clear_inputs: bool = False) -> tuple[Array, Array, list[float]]:
+                          clear_inputs: bool = False, check_finite: bool = False
+                          ) -> tuple[Array, Array | None, list[float], bool]:
         """``accumulate`` then ``select_at_least`` on the result: (accumulated vector, indices,
-        probe counts). A kernel does both in one pass and returns the indices as ``index_dtype``
-        (the reference returns int64; the engine casts either to the bucket's index dtype)."""
+        probe counts, True). A kernel does both in one pass and returns the indices as
+        ``index_dtype`` (the reference returns int64; the engine casts either to the bucket's index
+        dtype). With ``check_finite`` the inputs are first checked (``tensors_finite``; on a GPU in
+        the same host synchronization as the count): when one holds NaN/Inf nothing is written and
+        (residual, None, [], False) comes back."""
+        if check_finite and not self.tensors_finite(tensors):
+            return residual, None, [], False
         acc = self.accumulate(residual, tensors, clear_inputs)
-        return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every))
+        return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
+
+    def momentum_accumulate(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
+                            nesterov: bool) -> tuple[Array, Array]:
+        """DGC's momentum correction of the gradient g = concat(tensors): (velocity, momentum) with
+        u = u·m + g and velocity = residual + u, or with ``nesterov`` u = (u + g)·m and
+        velocity = residual + u + g; may write into residual and momentum."""
+        grad = self.accumulate(self.zeros(self.numel(residual), self.dtype_name(residual), like=residual),
+                               tensors)
+        return self.momentum_step(residual, momentum, grad, factor, nesterov)
+
+    def momentum_step(self, residual: Array, momentum: Array, grad: Array, factor: float,
+                      nesterov: bool) -> tuple[Array, Array]:
+        """``momentum_accumulate`` from the gradient as one vector (e.g. after clipping)."""
+        if nesterov:
+            momentum = self.scale(self.add(momentum, grad), factor)
+            return self.add(self.add(residual, momentum), grad), momentum
+        momentum = self.add(self.scale(momentum, factor), grad)
+        return self.add(residual, momentum), momentum
 
     def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool,
                      zeroed: bool = False) -> list[Array]:
@@ -210,6 +237,55 @@ def sample_shape(length: int, every: int) -> tuple[int, int] | None:
     if every <= 1 or length < rows * 16:
         return None
     return rows, length // rows
+
+
+UNIT_ROUNDOFF = 2.0 ** -53
+SMALLEST_SUBNORMAL = 2.0 ** -1074
+
+
+def certain_float32_norm(total: float, depth: int) -> float | None:
+    """float32(sqrt(S)) for the exact sum of squares S, from a float64 sum ``total`` in which no
+    term went through more than ``depth`` roundings (additions, plus one where a square itself was
+    rounded), or None when that error could change the float32 result. Any summation order of m
+    terms has depth <= m, so every backend can bound its own sum; the float32 result is then the
+    same wherever it is certain, and an exact sum decides the rare rest."""
+    if not math.isfinite(total):   # NaN (a NaN entry) or +Inf (an Inf entry, or squares beyond
+        return total               # float64: their float32 norm is +Inf all the same)
+    error = 2.0 * (depth + 2) * UNIT_ROUNDOFF * total + depth * SMALLEST_SUBNORMAL
+    low = np.float32(math.sqrt(max(total - error, 0.0)))
+    return float(low) if low == np.float32(math.sqrt(total + error)) else None
+
+
+def exact_float32_norm(x: np.ndarray) -> float:
+    """float32(sqrt(S)) for S the exact sum of squares of x rounded to float64 (math.fsum of exact
+    terms: squares of float32 values are exact in float64, float64 values are split in halves
+    whose products are). Slow; ``float32_norms`` calls it only where a fast sum cannot decide."""
+    x64 = np.asarray(x, dtype=np.float64).reshape(-1)
+    if not np.isfinite(x64).all():
+        return math.nan if np.isnan(x64).any() else math.inf
+    if x64.size and np.abs(x64).max() >= 2.0 ** 512:   # a square alone is beyond float64
+        return math.inf
+    if np.asarray(x).dtype.itemsize <= 4:
+        terms = [x64 * x64]
+    else:
+        scaled = x64 * 134217729.0            # Veltkamp: x = high + low, 26 bits each
+        high = scaled - (scaled - x64)
+        low = x64 - high
+        terms = [high * high, 2.0 * high * low, low * low]
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):
+            total = math.fsum(np.concatenate(terms).tolist())
+    except (OverflowError, ValueError):   # squares beyond float64 (a half square overflowed)
+        total = math.inf
+    return float(np.float32(math.sqrt(total))) if total == total else total
+
+
+def float32_norms(sums: list[float], depths: list[int], segment: Any) -> np.ndarray:
+    """The norms of ``segment_norms`` from each segment's float64 sum of squares and its rounding
+    depth; ``segment(i)`` gives segment i as NumPy, read only where the sum cannot decide."""
+    out = [certain_float32_norm(float(total), depth) for total, depth in zip(sums, depths, strict=True)]
+    return np.array([exact_float32_norm(segment(i)) if norm is None else norm
+                     for i, norm in enumerate(out)], dtype=np.float64)
 
 
 # Integer keys ordered as the magnitudes of a float dtype: its bits read as a signed integer of

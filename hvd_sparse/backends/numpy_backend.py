@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import numpy as np
 
-from .base import MAGNITUDE_KEYS, Backend, sample_shape
+from .base import MAGNITUDE_KEYS, Backend, float32_norms, sample_shape
 
 
 class NumpyBackend(Backend):
@@ -61,12 +62,13 @@ class NumpyBackend(Backend):
         return float(np.dot(x64, x64))
 
     def segment_norms(self, x, lengths):
-        squares, lo = [], 0
-        for length in lengths:
-            segment = x[lo:lo + length].astype(np.float64)
-            squares.append(np.dot(segment, segment))
-            lo += length
-        return np.sqrt(np.array(squares, dtype=np.float64))
+        starts = np.cumsum([0, *lengths]).tolist()
+        sums = []
+        for lo, hi in itertools.pairwise(starts):
+            segment = x[lo:hi].astype(np.float64)
+            with np.errstate(over="ignore"):   # squares beyond float64: the norm is +Inf
+                sums.append(float(np.dot(segment, segment)))
+        return float32_norms(sums, list(lengths), lambda i: x[starts[i]:starts[i + 1]])
 
     def all_finite(self, x):
         return bool(np.isfinite(x).all())

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from .base import MAGNITUDE_KEYS, Backend, sample_shape
+from .base import MAGNITUDE_KEYS, Backend, float32_norms, sample_shape
 
 
 class TensorFlowBackend(Backend):
@@ -61,7 +61,9 @@ class TensorFlowBackend(Backend):
     def segment_norms(self, x, lengths):
         squares = tf.square(tf.cast(x, tf.float64))
         ragged = tf.RaggedTensor.from_row_lengths(squares, tf.constant(list(lengths), dtype=tf.int64))
-        return tf.sqrt(tf.reduce_sum(ragged, axis=1)).numpy()
+        starts = np.cumsum([0, *lengths]).tolist()
+        return float32_norms(tf.reduce_sum(ragged, axis=1).numpy().tolist(), list(lengths),
+                             lambda i: x[starts[i]:starts[i + 1]].numpy())
 
     def all_finite(self, x):
         return bool(tf.reduce_all(tf.math.is_finite(x)))
@@ -76,7 +78,10 @@ class TensorFlowBackend(Backend):
 
     def tensors_finite(self, tensors):
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
-        return bool(tf.math.is_finite(total))
+        if bool(tf.math.is_finite(total)):
+            return True
+        # an overflowing sum is not enough
+        return all(bool(tf.reduce_all(tf.math.is_finite(t))) for t in tensors)
 
     def topk_abs_indices(self, x, k):
         x = tf.reshape(x, [-1])

@@ -6,7 +6,7 @@ import numpy as np
 import torch
 
 from .. import kernels
-from .base import MAGNITUDE_KEYS, Backend, sample_shape
+from .base import MAGNITUDE_KEYS, Backend, float32_norms, sample_shape
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -16,7 +16,7 @@ _DTYPES = {
 _NAMES = {v: k for k, v in _DTYPES.items()}
 
 
-_NORM_CHUNK = 1 << 20
+_NORM_CHUNK = 1 << 16
 
 
 class TorchBackend(Backend):
@@ -70,19 +70,25 @@ class TorchBackend(Backend):
         return float(torch.dot(x.double(), x.double()))
 
     def segment_norms(self, x, lengths):
-        # Squares summed in float64 (every backend then rounds alike), converting one chunk at a
-        # time: a float64 copy of a whole model costs ten times the arithmetic.
-        sums, lo = [], 0
+        kernel = getattr(kernels.ops_for(x), "segment_norms", None)   # CPU only, so far
+        norms = None if kernel is None else kernel(x, list(lengths))
+        if norms is not None:
+            return norms
+        # Squares summed in float64 one chunk at a time (a float64 copy of a whole model costs ten
+        # times the arithmetic); a term goes through at most chunk + chunks roundings.
+        sums, depths, lo = [], [], 0
         for length in lengths:
             total = torch.zeros((), dtype=torch.float64, device=x.device)
             for start in range(lo, lo + length, _NORM_CHUNK):
                 piece = x[start:min(start + _NORM_CHUNK, lo + length)].to(torch.float64)
                 total += torch.dot(piece, piece)
             sums.append(total)
+            depths.append(min(length, _NORM_CHUNK) + -(-length // _NORM_CHUNK))
             lo += length
-        if not sums:
-            return np.zeros(0)
-        return torch.stack(sums).sqrt().cpu().numpy()
+        totals = torch.stack(sums).cpu().tolist() if sums else []
+        starts = np.cumsum([0, *lengths]).tolist()
+        exact = torch.float64 if x.dtype == torch.float64 else torch.float32   # NumPy has no bfloat16
+        return float32_norms(totals, depths, lambda i: self.to_numpy(x[starts[i]:starts[i + 1]].to(exact)))
 
     def all_finite(self, x):
         return bool(torch.isfinite(x).all())
@@ -181,16 +187,36 @@ class TorchBackend(Backend):
         for t in tensors:
             t.zero_()
 
+    def momentum_accumulate(self, residual, momentum, tensors, factor, nesterov):
+        kernel = getattr(kernels.ops_for(residual), "momentum_accumulate", None)   # CPU
+        if kernel is not None and kernel(residual, momentum, tensors, factor, nesterov):
+            return residual, momentum
+        return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
+
+    def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
+        kernel = None if len(probes) else getattr(kernels.ops_for(x), "abs_at_least", None)  # CPU
+        idx = None if kernel is None else kernel(x, lo, hi, threshold, torch.int64)
+        if idx is not None:
+            return idx, []
+        return super().select_at_least(x, lo, hi, threshold, probes, every)
+
     def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
-                          index_dtype="int64", clear_inputs=False):
+                          index_dtype="int64", clear_inputs=False, check_finite=False):
         ops = kernels.ops_for(residual)
         if ops is not None:
-            done = ops.accumulate_select(residual, tensors, lo, hi, threshold, list(probes), every,
-                                         _DTYPES[index_dtype], clear_inputs)
-            if done is not None:
-                return residual, done[0], done[1]
+            args = (residual, tensors, lo, hi, threshold, list(probes), every, _DTYPES[index_dtype],
+                    clear_inputs)
+            if check_finite:   # the finite check and the count read together (one sync on a GPU)
+                done = ops.accumulate_select_if_finite(*args)
+                if done is not None:
+                    finite, idx, counts = done
+                    return (residual, idx, counts, True) if finite else (residual, None, [], False)
+            else:
+                done = ops.accumulate_select(*args)
+                if done is not None:
+                    return residual, done[0], done[1], True
         return super().accumulate_select(residual, tensors, lo, hi, threshold, probes, every,
-                                         index_dtype, clear_inputs)
+                                         index_dtype, clear_inputs, check_finite)
 
     def scatter_into(self, tensors, idx, values, unique, zeroed=False):
         if not all(t.is_contiguous() for t in tensors):   # no flat view to write through

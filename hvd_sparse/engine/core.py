@@ -136,21 +136,22 @@ class Engine:
 
         # A rank whose gradient is not finite still takes part in every collective (skipping one
         # would hang the others) but sends zeros -- or NaN, so every rank raises -- and keeps its
-        # residual as it was: checked before the accumulation writes the residual.
-        finite = self.nonfinite == "ignore" or b.tensors_finite(tensors)
-        fused, cleared = None, False
+        # residual as it was: checked before the accumulation writes the residual. Threshold
+        # methods accumulate and select in one op, which checks first; with write_into_inputs it
+        # clears the inputs in the same pass, so the reconstruction writes only the selection.
+        check = self.nonfinite != "ignore"
         started = time.perf_counter()
-        if finite:
-            # With write_into_inputs the inputs are cleared in the accumulating pass (their content
-            # is in the residual), so the reconstruction writes only the selected values.
-            fused = self.algorithm.accumulate_select(bucket.residual, tensors, bucket.control, ctx,
-                                                     self.write_into_inputs)
-            if fused is not None:
-                acc, idx = fused
-                cleared = self.write_into_inputs
-            else:
+        fused = self.algorithm.accumulate_select(bucket.residual, tensors, bucket.control, ctx,
+                                                 self.write_into_inputs, check)
+        if fused is None:
+            finite = not check or b.tensors_finite(tensors)
+            if finite:
                 acc = self.algorithm.accumulate(bucket.residual, tensors, bucket.control, ctx)
         else:
+            acc, idx, finite = fused
+        cleared = fused is not None and finite and self.write_into_inputs
+        if not finite:
+            fused = None   # select from zeros, as every method does on such a step
             acc = b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
             bucket.nonfinite_steps += 1
             if self.nonfinite == "skip":

@@ -24,7 +24,9 @@ class BucketStats:
     selected: int
     bytes_sent: int
     bytes_received: int
-    select_seconds: float
+    select_seconds: float              # the selection; for a threshold method with the fused
+                                       # accumulate-and-select op, that whole op (finite check and
+                                       # accumulation included)
     backend: Backend
     residual: Any = None               # reference; its norm is computed on demand
     union_size: int | None = None      # known exactly (union/shared patterns) ...

@@ -9,7 +9,15 @@ from ._library import library
 
 library()   # fail here, at import, when the library cannot be used
 
-from .accumulate import accumulate, accumulate_select, all_finite  # noqa: E402
-from .topk import topk_abs  # noqa: E402
+from .accumulate import (  # noqa: E402
+    accumulate,
+    accumulate_select,
+    accumulate_select_if_finite,
+    all_finite,
+)
+from .momentum import momentum_accumulate  # noqa: E402
+from .norms import segment_norms  # noqa: E402
+from .topk import abs_at_least, topk_abs  # noqa: E402
 
-__all__ = ["accumulate", "accumulate_select", "all_finite", "topk_abs"]
+__all__ = ["abs_at_least", "accumulate", "accumulate_select", "accumulate_select_if_finite", "all_finite",
+           "momentum_accumulate", "segment_norms", "topk_abs"]

@@ -176,7 +176,7 @@ int64_t run(void* residual, const void* const* inputs, const int* dtypes, const 
 }
 
 template <typename X>
-bool finite(const X* x, int64_t n, uint32_t mask) {
+bool finite(const X* x, int64_t n, X mask) {
     // A float is finite unless its exponent bits are all set.
     for (int64_t g = 0; g < n; g += 4096) {
         const int64_t end = g + 4096 < n ? g + 4096 : n;
@@ -194,20 +194,10 @@ extern "C" {
 // 1 when no entry of the n values at data (dtype code) is NaN or Inf.
 int hvd_sparse_all_finite(const void* data, int64_t n, int dtype) {
     switch (dtype) {
-        case F16: return finite(static_cast<const uint16_t*>(data), n, 0x7c00u);
-        case BF16: return finite(static_cast<const uint16_t*>(data), n, 0x7f80u);
-        case F32: return finite(static_cast<const uint32_t*>(data), n, 0x7f800000u);
-        case F64: {
-            const uint64_t* x = static_cast<const uint64_t*>(data);
-            const uint64_t mask = 0x7ff0000000000000ull;
-            for (int64_t g = 0; g < n; g += 4096) {
-                const int64_t end = g + 4096 < n ? g + 4096 : n;
-                int bad = 0;
-                for (int64_t i = g; i < end; ++i) bad |= (x[i] & mask) == mask;
-                if (bad) return 0;
-            }
-            return 1;
-        }
+        case F16: return finite(static_cast<const uint16_t*>(data), n, uint16_t(0x7c00u));
+        case BF16: return finite(static_cast<const uint16_t*>(data), n, uint16_t(0x7f80u));
+        case F32: return finite(static_cast<const uint32_t*>(data), n, uint32_t(0x7f800000u));
+        case F64: return finite(static_cast<const uint64_t*>(data), n, uint64_t(0x7ff0000000000000ull));
         default: return -1;
     }
 }
@@ -226,21 +216,15 @@ int64_t hvd_sparse_accumulate_select(void* residual, int residual_dtype, const v
     if (num_probes > MAX_PROBES || num_probes < 0) return -1;
     for (int k = 0; k < num_inputs; ++k)
         if (dtypes[k] < F16 || dtypes[k] > F64) return -1;
+    // One instantiation per (residual type, index type).
+    auto go = [&](auto residual_tag, auto index_tag) {
+        return run<decltype(residual_tag), decltype(index_tag)>(
+            residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi, threshold, out, probes,
+            num_probes, row_len, every, sample_end, counts);
+    };
     const bool wide = index_bits == 64;
-    if (residual_dtype == F32)
-        return wide ? run<float, int64_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
-                                          threshold, out, probes, num_probes, row_len, every,
-                                          sample_end, counts)
-                    : run<float, int32_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
-                                          threshold, out, probes, num_probes, row_len, every,
-                                          sample_end, counts);
-    if (residual_dtype == F64)
-        return wide ? run<double, int64_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
-                                           threshold, out, probes, num_probes, row_len, every,
-                                           sample_end, counts)
-                    : run<double, int32_t>(residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi,
-                                           threshold, out, probes, num_probes, row_len, every,
-                                           sample_end, counts);
+    if (residual_dtype == F32) return wide ? go(float{}, int64_t{}) : go(float{}, int32_t{});
+    if (residual_dtype == F64) return wide ? go(double{}, int64_t{}) : go(double{}, int32_t{});
     return -1;
 }
 

@@ -58,6 +58,22 @@ def accumulate_select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: i
     return _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype)
 
 
+def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
+                                threshold: float, probes: list[float], every: int,
+                                index_dtype: torch.dtype, clear_inputs: bool
+                                ) -> tuple[bool, torch.Tensor, list[float]] | None:
+    """(finite, idx, probe_counts): ``all_finite``, then ``accumulate_select``. When an input
+    holds NaN/Inf nothing is written (residual and inputs keep their values), idx is empty and the
+    counts are 0."""
+    finite = all_finite(tensors)
+    if finite is None:
+        return None
+    if not finite:
+        return False, torch.zeros(0, dtype=index_dtype), [0.0] * len(probes)
+    done = accumulate_select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs)
+    return None if done is None else (True, *done)
+
+
 def _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype):
     if (residual.device.type != "cpu" or residual.dtype not in _RESIDUAL_TYPES or residual.dim() != 1
             or not residual.is_contiguous() or not _handled(tensors) or index_dtype not in _INDEX_BITS
@@ -91,4 +107,5 @@ def _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, inde
     sampled = length if shape is None else len(range(0, shape[0], every)) * shape[1]
     # The reference's scaling, operation for operation (count_at_least).
     scaled = [float(c) * length / sampled if sampled else 0.0 for c in counts[:len(probes)]]
-    return out[:selected].clone(), scaled
+    # A short selection is copied out so the buffer (room for the whole range) is freed.
+    return (out[:selected] if 2 * selected > length else out[:selected].clone()), scaled

@@ -28,8 +28,14 @@ The finite check therefore has variants that keep their answer on the device:
   the gated accumulate-and-select, and ONE host copy that reads the finite flag, the probe
   counts and the total together. Not finite: residual and inputs untouched, idx empty.
 
-Tests run every kernel in Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is
-imported, CPU tensors); tests/unit/test_triton_kernels.py.
+The engine today calls ``all_finite`` and then ``accumulate_select`` (through the torch backend):
+two synchronizations for a threshold method's finite check and count, where
+``accumulate_select_if_finite`` takes one.
+
+Tests (tests/unit/test_triton_kernels.py, cases in tests/triton_cases.py): without a GPU every
+kernel runs in Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported, CPU
+tensors) against the reference path, and is compiled for sm_90; on a GPU the same cases run
+compiled, and the host synchronizations are counted. scripts/gpu_check.sh runs the GPU checks.
 """
 
 from __future__ import annotations

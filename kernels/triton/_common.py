@@ -10,11 +10,14 @@ would pass a Python float as fp32, which is wrong for fp64 data).
 
 from __future__ import annotations
 
+import contextlib
 import math
 
 import torch
 import triton
 import triton.language as tl
+
+from hvd_sparse.backends.base import MAGNITUDE_KEYS
 
 # Elements per program in the elementwise kernels, and at most this many programs in the radix
 # histogram passes (each loops over several blocks, then adds its 256 bins to the global histogram
@@ -27,13 +30,17 @@ FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 RESIDUALS = (torch.float32, torch.float64)
 INDICES = (torch.int32, torch.int64)
 
-_BITS = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32,
-         torch.float64: torch.int64}
-
 
 def nan_key(dtype: torch.dtype) -> int:
-    """The key every NaN of ``dtype`` gets: one above the key of +Inf."""
-    return int(torch.tensor(math.inf, dtype=dtype).view(_BITS[dtype]).item()) + 1
+    """The key every NaN of ``dtype`` gets: one above the key of +Inf (base.MAGNITUDE_KEYS, the
+    keys every backend orders magnitudes by)."""
+    return MAGNITUDE_KEYS[str(dtype).removeprefix("torch.")][2]
+
+
+def _bits(value: torch.Tensor) -> int:
+    """A one-element float tensor's bits, read as a signed integer of its width."""
+    integer = MAGNITUDE_KEYS[str(value.dtype).removeprefix("torch.")][0]
+    return int(value.view(getattr(torch, integer)).item())
 
 
 def threshold_key(threshold: float, dtype: torch.dtype) -> int:
@@ -41,12 +48,12 @@ def threshold_key(threshold: float, dtype: torch.dtype) -> int:
 
     The threshold is first rounded to ``dtype`` (to nearest, as torch and NumPy compare a tensor
     with a Python float); a threshold <= 0 passes every non-NaN value, a NaN one passes nothing."""
-    rounded = float(torch.tensor(threshold, dtype=torch.float64).to(dtype))
-    if math.isnan(rounded):
+    rounded = torch.tensor(threshold, dtype=torch.float64).to(dtype)
+    if math.isnan(float(rounded)):
         return nan_key(dtype)
-    if rounded <= 0:
+    if float(rounded) <= 0:
         return 0
-    return int(torch.tensor(rounded, dtype=dtype).view(_BITS[dtype]).item())
+    return _bits(rounded)
 
 
 @triton.jit
@@ -64,6 +71,12 @@ def capped_key(x, NAN_KEY: tl.constexpr):
 
 def blocks(n: int, block: int) -> int:
     return -(-n // block)
+
+
+def on_device(device: torch.device) -> contextlib.AbstractContextManager:
+    """Triton launches on the current CUDA device: make it the tensors' own (a rank's tensors may
+    live on another GPU than the current one)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def same_device(tensors: list[torch.Tensor], device: torch.device) -> bool:

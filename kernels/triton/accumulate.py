@@ -18,7 +18,17 @@ import triton.language as tl
 from hvd_sparse.backends.base import sample_shape
 
 from . import _common
-from ._common import FLOATS, INDICES, RESIDUALS, blocks, capped_key, nan_key, same_device, threshold_key
+from ._common import (
+    FLOATS,
+    INDICES,
+    RESIDUALS,
+    blocks,
+    capped_key,
+    nan_key,
+    on_device,
+    same_device,
+    threshold_key,
+)
 
 # The fused pass counts this many probes; more are counted by extra passes over the range.
 FUSED_PROBES = 4
@@ -34,39 +44,34 @@ def _nonfinite_kernel(x_ptr, numel, flag_ptr, NAN_KEY: tl.constexpr, BLOCK: tl.c
 
 
 @triton.jit
-def _count_probes(key, sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES: tl.constexpr,
-                  NAN_KEY: tl.constexpr):
-    """Adds to probe_ptr[j] how many sampled keys pass probe key p_j (j < NUM_PROBES)."""
-    finite_or_inf = sampled & (key < NAN_KEY)
-    if NUM_PROBES > 0:
-        tl.atomic_add(probe_ptr, tl.sum((finite_or_inf & (key >= p0)).to(tl.int64), 0))
-    if NUM_PROBES > 1:
-        tl.atomic_add(probe_ptr + 1, tl.sum((finite_or_inf & (key >= p1)).to(tl.int64), 0))
-    if NUM_PROBES > 2:
-        tl.atomic_add(probe_ptr + 2, tl.sum((finite_or_inf & (key >= p2)).to(tl.int64), 0))
-    if NUM_PROBES > 3:
-        tl.atomic_add(probe_ptr + 3, tl.sum((finite_or_inf & (key >= p3)).to(tl.int64), 0))
-
-
-@triton.jit
-def _sampled(position, lo, hi, sample_len, row_len, every):
-    """Whether ``position`` lies in the sub-range count_at_least reads (see base.sample_shape)."""
+def _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, probe_ptr,
+                  p0, p1, p2, p3, NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr):
+    """Adds to probe_ptr[j] how many keys pass probe key p_j (j < NUM_PROBES), over the positions
+    of [lo, hi) that count_at_least reads (see base.sample_shape)."""
     relative = position - lo
-    return ((position >= lo) & (position < hi) & (relative < sample_len)
-            & ((relative // row_len) % every == 0))
+    counted = (inside & (position >= lo) & (position < hi) & (relative < sample_len)
+               & ((relative // row_len) % every == 0) & (key < NAN_KEY))
+    tl.atomic_add(probe_ptr, tl.sum((counted & (key >= p0)).to(tl.int64), 0))
+    if NUM_PROBES > 1:
+        tl.atomic_add(probe_ptr + 1, tl.sum((counted & (key >= p1)).to(tl.int64), 0))
+    if NUM_PROBES > 2:
+        tl.atomic_add(probe_ptr + 2, tl.sum((counted & (key >= p2)).to(tl.int64), 0))
+    if NUM_PROBES > 3:
+        tl.atomic_add(probe_ptr + 3, tl.sum((counted & (key >= p3)).to(tl.int64), 0))
 
 
 @triton.jit
-def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, num_blocks,
-                       skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
+def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, range_block,
+                       num_blocks, skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
                        sample_len, row_len, every,
                        SELECT: tl.constexpr, NUM_PROBES: tl.constexpr, GATED: tl.constexpr,
                        CLEAR: tl.constexpr, WIDE: tl.constexpr, NAN_KEY: tl.constexpr,
                        BLOCK: tl.constexpr):
-    # Blocks are aligned on lo, so that block j (0 <= j < num_blocks) of the range is the same
-    # block for every input tensor that overlaps it; its count may come from two launches.
+    # Block b covers [b * BLOCK, (b + 1) * BLOCK) of the residual, whichever tensor it reads: the
+    # residual's accesses stay aligned (vector loads), and count j belongs to block range_block + j
+    # for every launch (a block on a tensor border is counted by two).
     block = first_block + tl.program_id(0).to(tl.int64)
-    position = lo + block * BLOCK + tl.arange(0, BLOCK)
+    position = block * BLOCK + tl.arange(0, BLOCK)
     inside = (position >= offset) & (position < offset + numel)
     if GATED:  # a device flag says the step is skipped: write nothing
         inside = inside & (tl.load(skip_ptr) == 0)
@@ -82,31 +87,37 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         key = capped_key(a, NAN_KEY)
         in_range = inside & (position >= lo) & (position < hi)
         hits = tl.sum((in_range & (key >= key_min) & (key < NAN_KEY)).to(tl.int32), 0)
-        tl.atomic_add(counts_ptr + block, hits, mask=(block >= 0) & (block < num_blocks))
-        sampled = inside & _sampled(position, lo, hi, sample_len, row_len, every)
-        _count_probes(key, sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
+        j = block - range_block
+        tl.atomic_add(counts_ptr + j, hits, mask=(j >= 0) & (j < num_blocks))
+        if NUM_PROBES > 0:
+            _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, probe_ptr,
+                          p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
 
 
 @triton.jit
-def _count_kernel(residual_ptr, lo, hi, probe_ptr, p0, p1, p2, p3, sample_len, row_len, every,
-                  NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
+def _count_kernel(residual_ptr, lo, hi, range_block, probe_ptr, p0, p1, p2, p3, sample_len,
+                  row_len, every, NUM_PROBES: tl.constexpr, NAN_KEY: tl.constexpr,
+                  BLOCK: tl.constexpr):
     """Probe counts beyond the fused ones: reads the range of the (already updated) residual."""
-    position = lo + tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    sampled = _sampled(position, lo, hi, sample_len, row_len, every)
-    a = tl.load(residual_ptr + position, mask=sampled, other=0)
-    _count_probes(capped_key(a, NAN_KEY), sampled, probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
+    position = (range_block + tl.program_id(0).to(tl.int64)) * BLOCK + tl.arange(0, BLOCK)
+    relative = position - lo   # read only the sampled rows (1/every of the range)
+    inside = ((position >= lo) & (position < hi) & (relative < sample_len)
+              & ((relative // row_len) % every == 0))
+    a = tl.load(residual_ptr + position, mask=inside, other=0)
+    _count_probes(capped_key(a, NAN_KEY), position, inside, lo, hi, sample_len, row_len, every,
+                  probe_ptr, p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
 
 
 @triton.jit
-def _compact_kernel(residual_ptr, lo, hi, ends_ptr, index_ptr, key_min,
+def _compact_kernel(residual_ptr, lo, hi, range_block, ends_ptr, index_ptr, key_min,
                     NAN_KEY: tl.constexpr, BLOCK: tl.constexpr):
-    """Writes the in-range indices of block j at its offset: ends[j] - (its count)."""
-    block = tl.program_id(0).to(tl.int64)
-    position = lo + block * BLOCK + tl.arange(0, BLOCK)
-    inside = position < hi
+    """Writes the in-range indices of range block j at its offset: ends[j] - (its count)."""
+    j = tl.program_id(0).to(tl.int64)
+    position = (range_block + j) * BLOCK + tl.arange(0, BLOCK)
+    inside = (position >= lo) & (position < hi)
     key = capped_key(tl.load(residual_ptr + position, mask=inside, other=0), NAN_KEY)
     hit = (inside & (key >= key_min) & (key < NAN_KEY)).to(tl.int64)
-    start = tl.load(ends_ptr + block) - tl.sum(hit, 0)
+    start = tl.load(ends_ptr + j) - tl.sum(hit, 0)
     slot = start + tl.cumsum(hit, 0) - hit
     tl.store(index_ptr + slot, position.to(index_ptr.dtype.element_ty), mask=hit > 0)
 
@@ -129,8 +140,9 @@ def _nonfinite_into(flag: torch.Tensor, tensors: list[torch.Tensor]) -> None:
         if t.numel() == 0 or not t.dtype.is_floating_point:
             continue
         flat = t.reshape(-1) if t.is_contiguous() else t.contiguous().reshape(-1)
-        _nonfinite_kernel[(blocks(flat.numel(), block),)](
-            flat, flat.numel(), flag, NAN_KEY=nan_key(flat.dtype), BLOCK=block)
+        with on_device(flat.device):
+            _nonfinite_kernel[(blocks(flat.numel(), block),)](
+                flat, flat.numel(), flag, NAN_KEY=nan_key(flat.dtype), BLOCK=block)
 
 
 class _Selection:
@@ -139,7 +151,9 @@ class _Selection:
     def __init__(self, residual: torch.Tensor, lo: int, hi: int, threshold: float,
                  probes: list[float], every: int):
         self.lo, self.hi, self.length = lo, hi, hi - lo
-        self.num_blocks = blocks(self.length, _common.BLOCK)
+        # The residual's blocks that [lo, hi) touches: range_block, range_block + 1, ...
+        self.range_block = lo // _common.BLOCK
+        self.num_blocks = blocks(hi, _common.BLOCK) - self.range_block if hi > lo else 0
         self.key = threshold_key(threshold, residual.dtype)
         self.probe_keys = [threshold_key(p, residual.dtype) for p in probes]
         shape = sample_shape(self.length, every)
@@ -171,6 +185,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
     nan = nan_key(residual.dtype)
     lo = selection.lo if selection is not None else 0
     hi = selection.hi if selection is not None else 0
+    range_block = selection.range_block if selection is not None else 0
     num_blocks = selection.num_blocks if selection is not None else 0
     if selection is not None:
         probe_keys, fused = selection.probe_args(0)
@@ -187,15 +202,16 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
             continue
         contiguous = t.is_contiguous()
         source = t.reshape(-1) if contiguous else t.contiguous().reshape(-1)
-        first = (offset - lo) // block
-        last = (offset + n - 1 - lo) // block
-        _accumulate_kernel[(last - first + 1,)](
-            residual, source, offset, n, lo, hi, first, num_blocks, gate, counts, probe_counts,
-            key, *probe_keys, *sample,
-            SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
-            CLEAR=clear_inputs and contiguous,
-            WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
-            NAN_KEY=nan, BLOCK=block)
+        first = offset // block
+        last = (offset + n - 1) // block
+        with on_device(residual.device):
+            _accumulate_kernel[(last - first + 1,)](
+                residual, source, offset, n, lo, hi, first, range_block, num_blocks, gate, counts,
+                probe_counts, key, *probe_keys, *sample,
+                SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
+                CLEAR=clear_inputs and contiguous,
+                WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
+                NAN_KEY=nan, BLOCK=block)
         if clear_inputs and not contiguous:  # the kernel zeroed a copy: zero the tensor itself
             if skip is None:
                 t.zero_()
@@ -205,9 +221,11 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
     if selection is not None:
         for first in range(FUSED_PROBES, len(selection.probe_keys), FUSED_PROBES):
             probe_keys, count = selection.probe_args(first)
-            _count_kernel[(selection.num_blocks,)](
-                residual, lo, hi, selection.scalars[1 + first:], *probe_keys, *sample,
-                NUM_PROBES=count, NAN_KEY=nan, BLOCK=block)
+            with on_device(residual.device):
+                _count_kernel[(selection.num_blocks,)](
+                    residual, lo, hi, range_block, selection.scalars[1 + first:], *probe_keys,
+                    *sample,
+                    NUM_PROBES=count, NAN_KEY=nan, BLOCK=block)
 
 
 def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
@@ -231,9 +249,10 @@ def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: in
     probe_counts = selection.probe_counts(values[1:1 + len(probes)] if finite else [0] * len(probes))
     index = torch.empty(total, dtype=index_dtype, device=residual.device)
     if total:
-        _compact_kernel[(selection.num_blocks,)](
-            residual, lo, hi, ends, index, selection.key,
-            NAN_KEY=nan_key(residual.dtype), BLOCK=_common.BLOCK)
+        with on_device(residual.device):
+            _compact_kernel[(selection.num_blocks,)](
+                residual, lo, hi, selection.range_block, ends, index, selection.key,
+                NAN_KEY=nan_key(residual.dtype), BLOCK=_common.BLOCK)
     return finite, index, probe_counts
 
 

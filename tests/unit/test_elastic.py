@@ -25,7 +25,7 @@ SIZES = (700, 300, 1000)   # three tensors: DEFT splits the large ones into N un
 NUMEL = sum(SIZES)
 METHODS = [
     ExDyna(0.05), ExDyna(0.05, rebalance="histogram"), ExDyna(0.05, rebalance="neighbour"),
-    ExDyna(0.05, threshold="tracking"), MiCRO(0.05), DEFT(0.05), DEFT(0.05, agreed_k=True),
+    ExDyna(0.05, threshold_scaling="tracking"), MiCRO(0.05), DEFT(0.05), DEFT(0.05, agreed_k=True),
     LAGS(0.05, merge_threshold=0), TopK(0.05), TopK(0.05, pattern="union", scope="model"),
     RandomK(0.05), Threshold(0.05), DGC(0.05),
 ]

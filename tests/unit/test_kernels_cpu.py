@@ -90,6 +90,17 @@ def test_all_finite_matches_isfinite(dtype):
     assert ops.all_finite([torch.zeros(3, dtype=torch.int32)]) is None   # not handled: reference
 
 
+@pytest.mark.parametrize("backend", ["numpy", "torch", "tensorflow"])
+def test_finite_check_is_exact_on_every_backend(backend):
+    """A sum of finite values that overflows fp32 is still finite; NaN and Inf are not."""
+    b = get_backend(backend)
+    cases = [([np.full(10, 3e38, np.float32)], True), ([np.array([1e300])], True),
+             ([np.ones(3, np.float32), np.array([np.nan], np.float32)], False),
+             ([np.array([-np.inf], np.float16)], False), ([np.ones(4, np.float16)], True)]
+    for arrays, finite in cases:
+        assert b.tensors_finite([b.from_numpy(a) for a in arrays]) is finite, (backend, arrays)
+
+
 def reference_accumulate(residual, tensors):
     offset = 0
     for t in tensors:
@@ -131,6 +142,23 @@ def test_accumulate_takes_non_contiguous_inputs_and_clears_them():
     assert ops.accumulate(residual, given, True)
     assert same(residual, expected)
     assert all(bool((t == 0).all()) for t in given)
+
+
+@needs_kernels
+def test_accumulate_select_if_finite_writes_nothing_when_an_input_is_not_finite():
+    ops = cpu_ops()
+    residual, inputs = torch.randn(10), [torch.randn(4), torch.randn(6).half()]
+    inputs[1][2] = float("inf")
+    before, given = residual.clone(), [t.clone() for t in inputs]
+    finite, idx, counts = ops.accumulate_select_if_finite(residual, given, 0, 10, 0.1, [0.2], 1,
+                                                          torch.int32, True)
+    assert not finite and idx.numel() == 0 and idx.dtype == torch.int32 and counts == [0.0]
+    assert same(residual, before) and all(same(a, b) for a, b in zip(given, inputs, strict=True))
+    inputs[1][2] = 0.5
+    expected = before + torch.cat([t.float() for t in inputs])
+    finite, idx, _ = ops.accumulate_select_if_finite(residual, inputs, 0, 10, 0.1, [], 1, torch.int64, True)
+    assert finite and same(residual, expected)
+    assert torch.equal(idx, torch.nonzero(expected.abs() >= 0.1).reshape(-1))
 
 
 def reference_select(residual, tensors, lo, hi, threshold, probes, every):
@@ -238,11 +266,11 @@ def assert_identical(on, off):
 
 CONFIGS = [
     ("exdyna-paper", ExDyna(0.01), 4),
-    ("exdyna-tracking", ExDyna(0.01, threshold="tracking"), 4),
-    ("exdyna-histogram", ExDyna(0.01, threshold="tracking", rebalance="histogram"), 3),
+    ("exdyna-tracking", ExDyna(0.01, threshold_scaling="tracking"), 4),
+    ("exdyna-histogram", ExDyna(0.01, threshold_scaling="tracking", rebalance="histogram"), 3),
     ("exdyna-neighbour", ExDyna(0.01, rebalance="neighbour"), 4),
     ("micro", MiCRO(0.01), 4),
-    ("micro-tracking", MiCRO(0.002, threshold="tracking"), 2),
+    ("micro-tracking", MiCRO(0.002, threshold_scaling="tracking"), 2),
     ("threshold-gather", Threshold(0.01), 3),
     ("threshold-union", Threshold(0.01, pattern="union"), 2),
 ]
@@ -258,15 +286,16 @@ def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, siz
     grads = gradients(5, sizes, [torch.float32, torch.float16, torch.bfloat16])
     steps = 14
     ops, fused = cpu_ops(), []
-    kernel = ops.accumulate_select
-    monkeypatch.setattr(ops, "accumulate_select", lambda *a: fused.append(kernel(*a)) or fused[-1])
+    kernel = ops.accumulate_select_if_finite
+    monkeypatch.setattr(ops, "accumulate_select_if_finite", lambda *a: fused.append(kernel(*a)) or fused[-1])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
         on = run_steps(algorithm, size, steps, grads, write_into_inputs)
         ran = len(fused)
         off = reference(run_steps, algorithm, size, steps, grads, write_into_inputs)
-    # every finite rank-step ran the fused kernel (one rank skips one step), none with kernels off
-    assert ran == len(fused) == steps * size - 1 and all(f is not None for f in fused)
+    # every rank-step ran the fused kernel, none with kernels off; one rank's step 7 was not finite
+    assert ran == len(fused) == steps * size and all(f is not None for f in fused)
+    assert [f[0] for f in fused].count(False) == 1
     assert_identical(on, off)
 
 
@@ -275,8 +304,10 @@ def test_engine_fp64_bucket_and_raise_policy_identical(reference):
     grads = gradients(6, [5_000, 3_000], [torch.float64, torch.float32])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
-        on = run_steps(ExDyna(0.02, threshold="tracking"), 2, 6, grads, True, nonfinite="ignore")
-        off = reference(run_steps, ExDyna(0.02, threshold="tracking"), 2, 6, grads, True, nonfinite="ignore")
+        tracking = ExDyna(0.02, threshold_scaling="tracking")
+        on = run_steps(tracking, 2, 6, grads, True, nonfinite="ignore")
+        off = reference(run_steps, ExDyna(0.02, threshold_scaling="tracking"), 2, 6, grads, True,
+                        nonfinite="ignore")
     for a, b in zip(on, off, strict=True):
         for (_, res_a, ctl_a, _), (_, res_b, ctl_b, _) in zip(a, b, strict=True):
             assert torch.equal(res_a.isnan(), res_b.isnan())

@@ -1,9 +1,11 @@
-"""Exact top-k by magnitude: the tie rule on every backend, the CPU kernel against the reference op,
-and every method built on top-k making identical decisions with kernels on and off."""
+"""Exact top-k by magnitude: the tie rule on every backend, the CPU kernel against the reference op;
+DEFT's segment norms, identical float32 values on every backend and kernel; every method built on
+top-k making identical decisions with kernels on and off."""
 
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 from collections.abc import Callable
 
@@ -14,7 +16,7 @@ from test_kernels_cpu import cpu_ops, gradients, needs_kernels, same
 
 import hvd_sparse
 from hvd_sparse.algorithms import DEFT, DGC, LAGS, GaussianK, TopK
-from hvd_sparse.backends import get_backend
+from hvd_sparse.backends import base, get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 
@@ -149,6 +151,92 @@ def test_kernel_declines_what_it_does_not_handle():
     assert ops.topk_abs(torch.ones(8), 9, torch.int64) is None   # the reference op decides
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_abs_at_least_kernel_matches_the_reference_selection(dtype):
+    """DGC's |a| >= λ without a |a| vector: the reference ``select_at_least`` without probes."""
+    ops = cpu_ops()
+    for name, x in vectors(20_000, 9).items():
+        t = torch.from_numpy(x).to(dtype)
+        finite = np.abs(x[np.isfinite(x)])
+        median = float(np.median(finite)) if finite.size else 1.0
+        for threshold in (median, 0.1 + median, 0.0, -1.0, float("inf"), float("nan"), 1e39):
+            for lo, hi in ((0, 20_000), (0, 0), (777, 777), (3, 19_001)):
+                with np.errstate(over="ignore"):   # NumPy warns as it rounds 1e39 to float32 inf
+                    want = reference(TB.select_at_least, t, lo, hi, threshold)[0]
+                for index_dtype in (torch.int32, torch.int64):
+                    got = ops.abs_at_least(t, lo, hi, threshold, index_dtype)
+                    assert got.dtype == index_dtype
+                    assert torch.equal(got.long(), want), f"{name} {dtype} λ={threshold} [{lo}, {hi})"
+
+
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_kernel_matches_the_reference_bit_for_bit(dtype, nesterov):
+    ops = cpu_ops()
+    x = vectors(30_000, 12)
+    residual = torch.from_numpy(x["heavy"]).to(dtype)
+    momentum = torch.from_numpy(x["random"]).to(dtype)
+    grads = [torch.from_numpy(x["nonfinite"][:10_000]).to(dtype),
+             torch.from_numpy(x["zero"][:20_000]).to(dtype).view(100, 200).t()]   # -0, non-contiguous
+    want = reference(TB.momentum_accumulate, residual.clone(), momentum.clone(), grads, 0.9, nesterov)
+    got = residual.clone(), momentum.clone()
+    assert ops.momentum_accumulate(*got, grads, 0.9, nesterov)
+    assert same(got[0], want[0]) and same(got[1], want[1])
+    assert ops.momentum_accumulate(residual, momentum, [g.half() for g in grads], 0.9, nesterov) is None
+
+
+# --- segment norms --------------------------------------------------------------------------------
+LENGTHS = [0, 1, 5, 2047, 2049, 0, 100_000]
+
+
+def norm_inputs(seed: int) -> dict[str, np.ndarray]:
+    n = sum(LENGTHS)
+    out = {name: x[:n] for name, x in vectors(LARGE, seed).items() if name != "hidden"}
+    out["huge"] = np.random.default_rng(seed).standard_normal(n) * 1e200   # squares beyond float64
+    out["tiny"] = np.random.default_rng(seed).standard_normal(n) * 1e-310  # subnormal, squares underflow
+    return out
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_segment_norms_are_float32_of_the_exact_norm_on_every_path(dtype):
+    starts = np.cumsum([0, *LENGTHS])
+    for name, x in norm_inputs(5).items():
+        t = torch.from_numpy(x).to(dtype)
+        exact = [base.exact_float32_norm(t[a:b].numpy()) for a, b in itertools.pairwise(starts)]
+        paths = {"numpy": NP.segment_norms(t.numpy(), LENGTHS),
+                 "torch": reference(TB.segment_norms, t, LENGTHS),
+                 "torch, kernels on": TB.segment_norms(t, LENGTHS)}
+        for path, got in paths.items():
+            np.testing.assert_array_equal(got, exact, err_msg=f"{name} {dtype} {path}")
+        assert all(np.float32(v) == v or not np.isfinite(v) for v in exact)
+
+
+def test_segment_norms_that_a_sum_cannot_decide_come_from_the_exact_sum(monkeypatch):
+    low = np.float32(1.5)
+    high = np.nextafter(low, np.float32(2))
+    midpoint = (float(low) + float(high)) / 2                 # sqrt(total) on a float32 tie
+    assert base.certain_float32_norm(midpoint ** 2, 1000) is None
+    assert base.certain_float32_norm(float(low) ** 2, 1000) == float(low)
+    assert np.isnan(base.certain_float32_norm(float("nan"), 10))
+    # Every norm through the exact sum: the same values as through the certain float64 sums.
+    x = torch.from_numpy(norm_inputs(6)["heavy"]).float()
+    fast = TB.segment_norms(x, LENGTHS), reference(TB.segment_norms, x, LENGTHS)
+    monkeypatch.setattr(base, "certain_float32_norm", lambda total, depth: None)
+    slow = TB.segment_norms(x, LENGTHS), reference(TB.segment_norms, x, LENGTHS)
+    for a, b in zip(fast, slow, strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+@needs_kernels
+def test_segment_norms_kernel_declines_what_it_does_not_handle():
+    ops = cpu_ops()
+    assert ops.segment_norms(torch.ones(8, dtype=torch.float16), [8]) is None
+    assert ops.segment_norms(torch.ones(8), [3, 4]) is None
+    np.testing.assert_array_equal(ops.segment_norms(torch.ones(8).view(2, 4).t(), [4, 4]), [2.0, 2.0])
+
+
 # --- methods built on top-k: kernels on and off -----------------------------------------------------
 def run_steps(algorithm, size, steps, grads_at, keys):
     """Every rank's returned tensors, residuals and statistics after each step, bucket by bucket
@@ -209,6 +297,19 @@ def test_methods_identical_with_kernels_on_and_off(name, algorithm, size):
         warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
         on = run_steps(algorithm, size, steps, grads, keys)
         off = reference(run_steps, algorithm, size, steps, grads, keys)
+    assert_identical(on, off)
+
+
+@needs_kernels
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_dgc_on_fp32_gradients_identical_with_kernels_on_and_off(nesterov):
+    """fp32 gradients take the momentum kernel (the mixed-precision runs above do not)."""
+    sizes = [LARGE, 2_000]
+    grads = gradients(13, sizes, [torch.float32, torch.float32])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
+        on = run_steps(DGC(0.01, scope="model", nesterov=nesterov), 3, 8, grads, ["a", "b"])
+        off = reference(run_steps, DGC(0.01, scope="model", nesterov=nesterov), 3, 8, grads, ["a", "b"])
     assert_identical(on, off)
 
 

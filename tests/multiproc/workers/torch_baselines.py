@@ -22,6 +22,7 @@ import torch
 from baseline_checks import check_step, cleared, threshold_selection, topk_indices
 from checks import check_identical
 from reference import expected_step
+from torch_common import RawGradients
 
 import hvd_sparse
 import hvd_sparse.torch as hs
@@ -62,6 +63,7 @@ def run(label: str, make_compressor, check, *, dtype=torch.float32, bpps: int = 
     scope = compressor.algorithm.scope
     buckets = ([("model", [n for n, _ in named])] if scope == "model" else [(n, [n]) for n, _ in named])
     generator = torch.Generator().manual_seed(1000 + hvd.rank())
+    gradients = RawGradients(named)
     logger = None if logger_every is None else StatsLogger(
         compressor, every=logger_every, keys=("density_actual", "buildup", "selected"),
         jsonl=os.path.join(LOG_DIR, "torch_stats.jsonl"))
@@ -77,7 +79,7 @@ def run(label: str, make_compressor, check, *, dtype=torch.float32, bpps: int = 
                 x[0, 0] = float("nan")
             loss = torch.nn.functional.cross_entropy(model(x.to(dtype)).float(), y)
             loss.backward()
-        raw = {n: p.grad.detach().float().clone() for n, p in named}
+        raw = {n: g.float() for n, g in gradients.take().items()}
         optimizer.step()
         applied = {n: p.grad.detach().float().clone() for n, p in named}
         new = compressor.state_dict()["buckets"]

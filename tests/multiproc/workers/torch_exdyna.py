@@ -15,7 +15,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 from checks import check_exclusive_step, check_identical
-from torch_common import allgather_rows
+from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
@@ -38,6 +38,7 @@ def run(method: str, options: dict) -> None:
                                          named_parameters=named, compression=compressor)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     generator = torch.Generator().manual_seed(1000 + hvd.rank())
+    gradients = RawGradients(named)
     unions, moves = [], 0
     for step in range(STEPS):
         x = torch.randn(12, 16, generator=generator) * (1 + hvd.rank())
@@ -45,7 +46,8 @@ def run(method: str, options: dict) -> None:
         old = compressor.state_dict()["buckets"]
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        raw = torch.cat([p.grad.detach().reshape(-1) for _, p in named]).numpy()
+        grads = gradients.take()
+        raw = torch.cat([grads[name].reshape(-1) for name, _ in named]).numpy()
         optimizer.step()
         applied = torch.cat([p.grad.detach().reshape(-1) for _, p in named]).numpy()
         stats = compressor.stats()
