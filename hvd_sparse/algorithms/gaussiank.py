@@ -3,8 +3,11 @@
 Each rank models the entries of its accumulated vector ``a = g + e`` as Gaussian, takes the
 two-sided tail threshold ``λ = μ + σ·Φ⁻¹(1 − ρ/2)`` (μ, σ: mean and sample standard deviation of
 the signed ``a``) that would leave k = floor(ρ·n) entries above it, and refines λ until the
-count is near k. Selection is O(n) per loop instead of top-k's O(n log k). What is not sent
-stays in the residual; aggregation is the allgather of (index, value) pairs.
+count is near k. μ and σ are exactly rounded to float32 from the exact sums Σa and Σa², identical
+on every backend and kernel (``Backend.mean_std``): a framework's ``std_mean`` rounds in its own
+order, and the slightest change of λ changes the index set. Selection is O(n) per loop instead
+of top-k's O(n log k). What is not sent stays in the residual; aggregation is the allgather of
+(index, value) pairs.
 
 Refinement (``variant``):
 
