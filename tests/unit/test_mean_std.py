@@ -132,3 +132,51 @@ def test_kernel_on_a_large_vector_matches_numpy():
     x = (rng.standard_normal(512 * 64 * 64 + 12_345) * 1e-3 + 1e-6).astype(F32)
     hvd_sparse.set_kernels("auto")
     assert same(get_backend("torch").mean_std(torch.from_numpy(x)), get_backend("numpy").mean_std(x))
+
+
+def selections(algorithm, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Gaussian-k's local selection of x on every path."""
+    from hvd_sparse.algorithms.base import StepContext
+
+    def select(backend_name, array):
+        backend = get_backend(backend_name)
+        ctx = StepContext(rank=0, size=1, step=0, key="t", numel=x.size, backend=backend)
+        idx = algorithm.select_local(array, algorithm.init_control(ctx), ctx)
+        return np.sort(np.asarray(backend.to_numpy(idx), dtype=np.int64))
+
+    out = {"numpy": select("numpy", x.copy())}
+    previous = hvd_sparse.kernels_mode()
+    try:
+        for mode in ("auto", "off"):
+            hvd_sparse.set_kernels(mode)
+            out[f"torch-{mode}"] = select("torch", torch.from_numpy(x.copy()))
+    finally:
+        hvd_sparse.set_kernels(previous)
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return out
+    out["tensorflow"] = select("tensorflow", tf.constant(x))
+    return out
+
+
+@pytest.mark.parametrize("variant", ["original", "rescale"])
+@pytest.mark.parametrize("data", ["cauchy", "student", "gaussian", "two-scales", "negative-mean", "outliers"])
+def test_gaussiank_refinement_matches_the_mask_reference_on_every_path(variant, data):
+    """The refinement (kept candidates implicit while they are the whole vector less those kept)
+    against the mask form of the authors' loop, with μ and σ of the exact definition."""
+    from baselines_reference import gaussiank_original, gaussiank_rescale
+
+    from hvd_sparse.algorithms import GaussianK
+
+    rng = np.random.default_rng(len(data))
+    n = 20_000
+    x = {"cauchy": rng.standard_cauchy(n), "student": rng.standard_t(2.0, n),
+         "gaussian": rng.standard_normal(n),
+         "two-scales": np.where(rng.random(n) < 0.01, 1e3, 1e-3) * rng.standard_normal(n),
+         "negative-mean": rng.standard_normal(n) - 30.0,
+         "outliers": np.where(np.arange(n) % 2000 == 7, 1e6, 1e-3 * rng.standard_normal(n))}[data].astype(F32)
+    reference = gaussiank_original if variant == "original" else gaussiank_rescale
+    expected = reference(x, 0.01)
+    for path, got in selections(GaussianK(0.01, variant=variant), x).items():
+        assert np.array_equal(got, expected), (path, got.size, expected.size)
