@@ -19,9 +19,12 @@ def threshold_selection(acc: np.ndarray, lam: float, step: int) -> np.ndarray:
 
 
 def gaussian_tail(acc: np.ndarray, density: float) -> float:
-    """μ + σ·Φ⁻¹(1 − ρ/2) of the signed entries (σ with n − 1)."""
-    mean = float(np.mean(acc))
-    std = float(np.std(acc, ddof=1)) if acc.size > 1 else 0.0
+    """μ + σ·Φ⁻¹(1 − ρ/2) of the signed entries (σ with n − 1), μ and σ rounded to float32 from
+    exact sums (``statistics`` sums exactly; the float64 result is rounded once more, which
+    differs from one rounding only on an exact float32 midpoint)."""
+    values = acc.astype(np.float64).tolist()
+    mean = float(np.float32(statistics.mean(values)))
+    std = float(np.float32(statistics.stdev(values))) if acc.size > 1 else 0.0
     return mean + std * statistics.NormalDist().inv_cdf(1 - density / 2)
 
 

@@ -3,8 +3,11 @@
 Each rank models the entries of its accumulated vector ``a = g + e`` as Gaussian, takes the
 two-sided tail threshold ``λ = μ + σ·Φ⁻¹(1 − ρ/2)`` (μ, σ: mean and sample standard deviation of
 the signed ``a``) that would leave k = floor(ρ·n) entries above it, and refines λ until the
-count is near k. Selection is O(n) per loop instead of top-k's O(n log k). What is not sent
-stays in the residual; aggregation is the allgather of (index, value) pairs.
+count is near k. μ and σ are exactly rounded to float32 from the exact sums Σa and Σa², identical
+on every backend and kernel (``Backend.mean_std``): a framework's ``std_mean`` rounds in its own
+order, and the slightest change of λ changes the index set. Selection is O(n) per loop instead
+of top-k's O(n log k). What is not sent stays in the residual; aggregation is the allgather of
+(index, value) pairs.
 
 Refinement (``variant``):
 
@@ -100,26 +103,35 @@ class GaussianK(Algorithm):
                   ) -> tuple[Any, float]:
         b = ctx.backend
         # The candidates: their magnitudes and where they are in the bucket. While they are the
-        # whole bucket, both stay implicit (None): counts are read off a itself, and no vector of
-        # the bucket's size is made unless candidates must be zeroed in it.
+        # whole bucket less those kept (all with |a| >= kept_from), both stay implicit (None):
+        # counts are read off a itself in one pass, and no vector of the bucket's size is made.
         candidates, positions = None, None
+        kept_from: float | None = None
         kept: list = []
         n_kept = 0
         last_too_many = False
         for _ in range(self.max_loops):
             least = strictly_above(threshold, dtype)
-            above = (b.select_at_least(acc, 0, ctx.numel, least)[0] if candidates is None
-                     else b.indices_where_at_least(candidates, least))
+            if candidates is None:
+                above = b.select_at_least(acc, 0, ctx.numel, least)[0]
+                if kept_from is not None:   # drop those kept earlier: |a| < kept_from, as -|a| > -kept_from
+                    below = b.scale(b.abs(b.take(acc, above)), -1.0)
+                    above = b.take(above, b.indices_where_at_least(below, strictly_above(-kept_from, dtype)))
+            else:
+                above = b.indices_where_at_least(candidates, least)
             count = n_kept + b.numel(above)
             last_too_many = False
             if count < 2 * k / 3:
                 kept.append(above if positions is None else b.take(positions, above))
                 n_kept += b.numel(above)
                 # Remove them from the candidates. λ keeps its sign (it is only ever scaled by
-                # positive factors): for λ >= 0 a zeroed candidate never exceeds it again; for
-                # λ < 0 every candidate was above it, so none is left.
+                # positive factors): for λ >= 0 the candidates left are those below λ; for λ < 0
+                # every candidate was above it, so none is left.
                 if threshold >= 0:
-                    candidates = b.zero_at(b.abs(acc) if candidates is None else candidates, above)
+                    if candidates is None:
+                        kept_from = least
+                    else:
+                        candidates = b.zero_at(candidates, above)
                 else:
                     nothing = b.arange(0, 0, like=acc)
                     candidates, positions = b.abs(b.take(acc, nothing)), nothing
@@ -143,13 +155,14 @@ class GaussianK(Algorithm):
         def above(t: float) -> Any:   # |a| > t, read off a itself
             return ctx.backend.select_at_least(acc, 0, ctx.numel, strictly_above(t, dtype))[0]
         for _ in range(self.max_loops):
-            count = ctx.backend.numel(above(threshold))
+            idx = above(threshold)
+            count = ctx.backend.numel(idx)
             if count < 2 * k / 3:
                 threshold *= 0.5
             elif count > 4 * k / 3:
                 threshold *= 1.5
             else:
-                break
+                return idx, threshold   # the last count's entries: no further read
         return above(threshold), threshold
 
     def control_stats(self, control: GaussianControl) -> dict:

@@ -7,7 +7,13 @@ import math
 
 import numpy as np
 
-from .base import MAGNITUDE_KEYS, Backend, float32_norms, sample_shape
+from .base import (
+    MAGNITUDE_KEYS,
+    Backend,
+    float32_norms,
+    numpy_mean_std,
+    sample_shape,
+)
 
 
 class NumpyBackend(Backend):
@@ -74,9 +80,7 @@ class NumpyBackend(Backend):
         return bool(np.isfinite(x).all())
 
     def mean_std(self, x):
-        if x.size < 2:
-            return float(np.mean(x)), 0.0
-        return float(np.mean(x)), float(np.std(x, ddof=1))
+        return numpy_mean_std(x)
 
     def tensors_finite(self, tensors):
         if math.isfinite(sum(float(np.sum(t, dtype=np.float64)) for t in tensors)):

@@ -6,7 +6,13 @@ from __future__ import annotations
 import numpy as np
 import tensorflow as tf
 
-from .base import MAGNITUDE_KEYS, Backend, float32_norms, sample_shape
+from .base import (
+    MAGNITUDE_KEYS,
+    Backend,
+    float32_norms,
+    numpy_mean_std,
+    sample_shape,
+)
 
 
 class TensorFlowBackend(Backend):
@@ -69,12 +75,8 @@ class TensorFlowBackend(Backend):
         return bool(tf.reduce_all(tf.math.is_finite(x)))
 
     def mean_std(self, x):
-        n = int(tf.size(x))
-        mean = tf.reduce_mean(x)
-        if n < 2:
-            return float(mean), 0.0
-        centered = x - mean
-        return float(mean), float(tf.sqrt(tf.reduce_sum(centered * centered) / (n - 1)))
+        # in NumPy: TensorFlow flushes subnormal values to zero, which would change the sums
+        return numpy_mean_std(tf.cast(x, tf.float64).numpy() if x.dtype == tf.bfloat16 else x.numpy())
 
     def tensors_finite(self, tensors):
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])

@@ -6,7 +6,16 @@ import numpy as np
 import torch
 
 from .. import kernels
-from .base import MAGNITUDE_KEYS, Backend, float32_norms, sample_shape
+from .base import (
+    MAGNITUDE_KEYS,
+    Backend,
+    blocked_depth,
+    blocked_sum,
+    exact_mean_std,
+    float32_norms,
+    mean_std_from_sums,
+    sample_shape,
+)
 
 _DTYPES = {
     "float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32,
@@ -94,10 +103,18 @@ class TorchBackend(Backend):
         return bool(torch.isfinite(x).all())
 
     def mean_std(self, x):
-        if x.numel() < 2:
-            return float(x.float().mean()), 0.0
-        std, mean = torch.std_mean(x)
-        return float(mean), float(std)
+        kernel = getattr(kernels.ops_for(x), "mean_std", None)   # CPU only, so far
+        done = None if kernel is None else kernel(x)
+        if done is not None:
+            return done
+        x64 = x.reshape(-1).to(torch.float64)
+        values = lambda: self.to_numpy(x64)  # noqa: E731
+        if x64.numel() < 2:
+            return exact_mean_std(values())
+        shifted = x64 - x64[0]
+        t1, t2 = torch.stack([blocked_sum(v, torch.sum, torch.reshape)
+                              for v in (shifted, shifted * shifted)]).tolist()
+        return mean_std_from_sums(x64.numel(), float(x64[0]), t1, t2, blocked_depth(x64.numel()), values)
 
     def tensors_finite(self, tensors):
         ops = kernels.ops_for(tensors[0])

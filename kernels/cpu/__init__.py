@@ -16,8 +16,8 @@ from .accumulate import (  # noqa: E402
     all_finite,
 )
 from .momentum import momentum_accumulate  # noqa: E402
-from .norms import segment_norms  # noqa: E402
+from .norms import mean_std, segment_norms  # noqa: E402
 from .topk import abs_at_least, topk_abs  # noqa: E402
 
 __all__ = ["abs_at_least", "accumulate", "accumulate_select", "accumulate_select_if_finite", "all_finite",
-           "momentum_accumulate", "segment_norms", "topk_abs"]
+           "mean_std", "momentum_accumulate", "segment_norms", "topk_abs"]
