@@ -173,6 +173,13 @@ def main() -> None:
             lines += ["", f"![{title}]({prefix}/{png.name})"]
         lines.append("")
     gpu = sorted((bench / "gpu").glob("*.log")) if (bench / "gpu").exists() else []
+    if not any(log.name.startswith("select_kernels_") for log in gpu):
+        lines += ["## GPU kernels", "",
+                  "GPU: not measured. The Triton kernels (kernels/triton) are tested on every CI run "
+                  "in Triton's interpreter and compiled for sm_90 there, but have not run on a GPU: "
+                  "no GPU was lent to the sessions that built them. `bash scripts/gpu_check.sh` runs "
+                  "the CUDA tests and `bench_select.py --device cuda --kernels on off` in one command "
+                  "and writes its logs here (bench/gpu/select_kernels_<gpu>.log and others).", ""]
     if gpu:
         lines += ["## On a GPU", "",
                   "Logs of the runs on an NVIDIA H200 (`python3 scripts/bench_select.py --device cuda "
