@@ -14,11 +14,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from .neighbours import mpi_exchange_for, neighbour_payload, neighbour_splits, split_neighbours
+from .neighbours import HorovodNeighbourChoice, neighbour_payload, neighbour_splits, split_neighbours
 from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective
 
 
-class HorovodTFComm:
+class HorovodTFComm(HorovodNeighbourChoice):
     """Named Horovod collectives on a process set, eager or as graph ops."""
 
     def __init__(self, process_set: Any = None):
@@ -46,15 +46,6 @@ class HorovodTFComm:
         """Run a phase eagerly (inside a py_function), blocking."""
         return [self._neighbours(c) if c.op == NEIGHBOURS else self.graph_op(c.op, c.tensor, c.name, c.root)
                 for c in phase]
-
-    def _mpi_exchange(self) -> Any:
-        """mpi4py point-to-point where MPI allows it (comm/neighbours.py), decided once, at the
-        first neighbour exchange: every rank reaches it at the same point of the same step."""
-        if not self._mpi_decided:
-            self._mpi_decided = True
-            self._mpi = mpi_exchange_for(self.process_set is self._hvd.global_process_set,
-                                         self._hvd.mpi_enabled(), self.rank, self.size)
-        return self._mpi
 
     def _neighbours(self, c: Collective) -> list:
         import tensorflow as tf

@@ -17,11 +17,11 @@ from __future__ import annotations
 import time
 from typing import Any
 
-from .neighbours import mpi_exchange_for, neighbour_payload, neighbour_splits, split_neighbours
+from .neighbours import HorovodNeighbourChoice, neighbour_payload, neighbour_splits, split_neighbours
 from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, Phase, Protocol
 
 
-class HorovodTorchComm:
+class HorovodTorchComm(HorovodNeighbourChoice):
     """Starts and waits for named Horovod collectives on a process set."""
 
     def __init__(self, process_set: Any = None):
@@ -58,15 +58,6 @@ class HorovodTorchComm:
             received, _ = self._hvd.synchronize(handle)
             return split_neighbours(received, self.rank, self.size, length)
         return self._hvd.synchronize(payload)
-
-    def _mpi_exchange(self) -> Any:
-        """mpi4py point-to-point where MPI allows it (comm/neighbours.py), decided once, at the
-        first neighbour exchange: every rank reaches it at the same point of the same step."""
-        if not self._mpi_decided:
-            self._mpi_decided = True
-            self._mpi = mpi_exchange_for(self.process_set is self._hvd.global_process_set,
-                                         self._hvd.mpi_enabled(), self.rank, self.size)
-        return self._mpi
 
     def _start_neighbours(self, c: Collective) -> Any:
         payload = c.tensor.cpu().numpy()

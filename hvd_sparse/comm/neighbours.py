@@ -122,6 +122,20 @@ def mpi_exchange_for(process_set_is_global: bool, mpi_enabled: bool, rank: int =
     return MpiNeighbourExchange(rank, world_ranks)
 
 
+class HorovodNeighbourChoice:
+    """What the Horovod drivers (torch and TF) share: the neighbour exchange's transport, decided
+    once, at the first neighbour exchange -- every rank reaches it at the same point of the same
+    step. Needs ``process_set``, ``_hvd``, ``rank``, ``size`` and ``_mpi_decided = False``."""
+
+    def _mpi_exchange(self) -> Any:
+        """mpi4py point-to-point where MPI allows it (``mpi_exchange_for``), else None."""
+        if not self._mpi_decided:
+            self._mpi_decided = True
+            self._mpi = mpi_exchange_for(self.process_set is self._hvd.global_process_set,
+                                         self._hvd.mpi_enabled(), self.rank, self.size)
+        return self._mpi
+
+
 def _fall_back(reason: str) -> None:
     if reason not in _warned:
         _warned.add(reason)
