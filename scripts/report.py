@@ -20,9 +20,9 @@ from pathlib import Path
 from results import machine_info
 
 SECTIONS = [  # (fragment, title, the full run's command; every script's docstring has the rest)
-    ("select.md", "Selection cost",
-     "python scripts/bench_select.py --sizes 1e5 1e6 1e7 25e6 1e8 --world-sizes 1 2 4 8 16 "
-     "--repeats 7 --out-dir bench"),
+    ("select.md", "Selection cost, kernels on and off",
+     "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on off "
+     "--out-dir bench"),
     ("fidelity.md", "Fidelity: density error, imbalance, build-up", "python scripts/fidelity.py"),
     ("convergence.md", "Convergence", "python scripts/convergence.py"),
     ("convergence-long/convergence.md", "Convergence over a longer budget (char-LSTM)",
