@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import itertools
 import os
+import re
 import sys
 
 import numpy as np
@@ -93,3 +94,13 @@ def check_op_refused(label: str, action, op_name: str, rank: int) -> None:
         print(f"CHECKED {label} rank={rank}", flush=True)
         return
     raise AssertionError(f"{label}: op=hvd.{op_name} was not refused")
+
+
+def outcome(hvd, label: str, body) -> list:
+    """Every rank's outcome of ``body()``: ("ok", value) or (error type, message), by rank
+    (``hvd``: horovod.torch or horovod.tensorflow)."""
+    try:
+        mine = ("ok", body())
+    except Exception as error:
+        mine = (type(error).__name__, re.sub(r"seen on rank \d+", "seen on rank R", str(error)))
+    return hvd.allgather_object(mine, name=f"outcome.{label}")

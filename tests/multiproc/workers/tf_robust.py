@@ -9,11 +9,11 @@ when every rank raised at the poisoned step, trained on and ended with identical
 
 from __future__ import annotations
 
-import re
 import warnings
 
 import numpy as np
 import tensorflow as tf
+from checks import outcome
 from tf_common import LOSS, hvd, make_model
 
 import hvd_sparse.tensorflow as hs
@@ -56,14 +56,6 @@ def unbroadcast_model(hidden_layers: int) -> tf.keras.Model:
     return tf.keras.Sequential([*layers, tf.keras.layers.Dense(5)])
 
 
-def outcome(label: str, body) -> list:
-    try:
-        mine = ("ok", body())
-    except Exception as error:
-        mine = (type(error).__name__, re.sub(r"seen on rank \d+", "seen on rank R", str(error)))
-    return hvd.allgather_object(mine, name=f"outcome.{label}")
-
-
 def mismatch(rank: int) -> None:
     odd = rank == 1
     cases = [
@@ -81,7 +73,7 @@ def mismatch(rank: int) -> None:
         def body(make=make, layers=layers):
             return train(unbroadcast_model(layers), make(), 2)
 
-        results = outcome(f"mm.{label}", body)
+        results = outcome(hvd, f"mm.{label}", body)
         for r, (kind, detail) in enumerate(results):
             assert kind != "ok" and expected in detail, f"{label}: rank {r}: {kind}: {detail[-2000:]}"
         print(f"CHECKED mismatch/{label} rank={rank}", flush=True)

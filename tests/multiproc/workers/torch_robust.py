@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import itertools
 import os
-import re
 import signal
 import sys
 import time
@@ -32,6 +31,7 @@ import warnings
 
 import horovod.torch as hvd
 import torch
+from checks import outcome
 
 import hvd_sparse
 import hvd_sparse.torch as hs
@@ -42,15 +42,6 @@ VARIANTS = [(m, {}) for m in hvd_sparse.available()] + [
     ("exdyna", {"rebalance": "neighbour"}), ("exdyna", {"rebalance": "histogram"}),
     ("exdyna", {"threshold_scaling": "tracking"}), ("topk", {"pattern": "union"}),
     ("randomk", {"shared_seed": True})]
-
-
-def outcome(label: str, body) -> list:
-    """Every rank's outcome of ``body()``: ("ok", value) or (error type, message), by rank."""
-    try:
-        mine = ("ok", body())
-    except Exception as error:
-        mine = (type(error).__name__, re.sub(r"seen on rank \d+", "seen on rank R", str(error)))
-    return hvd.allgather_object(mine, name=f"outcome.{label}")
 
 
 def train(model: torch.nn.Module, compression, steps: int, nan_at: int | None = None,
@@ -121,7 +112,7 @@ def sweep(size: int, rank: int) -> None:
                                                 prefix=f"sweep{case}.{n}", **options)
                 return train(model, compression, 3)
 
-            results = outcome(f"sweep{case}.{n}", body)
+            results = outcome(hvd, f"sweep{case}.{n}", body)
             assert all(r == results[0] for r in results), f"{label}: ranks differ: {results}"
             kind, detail = results[0]
             if kind != "ok":
@@ -138,7 +129,7 @@ def sweep(size: int, rank: int) -> None:
                                             named_parameters=list(model.named_parameters()), **options)
             return train(model, compression, 3)
 
-        results = outcome(f"empty.{method}", body)
+        results = outcome(hvd, f"empty.{method}", body)
         assert results[0][0] == "ok" and all(r == results[0] for r in results), f"{method}: {results}"
         print(f"CHECKED empty/{method} rank={rank}", flush=True)
 
@@ -177,7 +168,7 @@ def mismatch(size: int, rank: int) -> None:
             compression = make(named_parameters=named, prefix=f"mm.{label}")
             return train(model, compression, 2)
 
-        results = outcome(f"mm.{label}", body)
+        results = outcome(hvd, f"mm.{label}", body)
         for r, (kind, detail) in enumerate(results):
             assert kind == RankMismatchError.__name__, f"{label}: rank {r} got {kind}: {detail}"
             assert expected in detail, f"{label}: rank {r}: {detail}"
