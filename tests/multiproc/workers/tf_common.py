@@ -12,6 +12,22 @@ import tensorflow as tf
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
+def tape_step(model, optimizer, compression):
+    """A tf.function training step through hvd_sparse's DistributedGradientTape."""
+    import hvd_sparse.tensorflow as hs
+
+    @tf.function
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = LOSS(y, model(x, training=True))
+        tape = hs.DistributedGradientTape(tape, compression=compression)
+        grads = tape.gradient(loss, model.trainable_variables)
+        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+        return loss
+
+    return step
+
+
 def allgather_rows(vector: np.ndarray, name: str) -> np.ndarray:
     """(N, ...) every rank's copy of ``vector``, by rank."""
     return hvd.allgather(tf.constant(np.ascontiguousarray(vector))[None], name=name).numpy()

@@ -29,6 +29,7 @@ from elastic_common import (
     wait_a_little,
     world_change_due,
 )
+from tf_common import LOSS, tape_step
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse.tensorflow.elastic import TensorFlowKerasState, run
@@ -38,7 +39,6 @@ METHODS = {
     "topk": lambda: hs.TopK(0.05, prefix="hs.topk"),
 }
 EXCLUSIVE = ("exdyna",)
-LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
 
 def make_part(method: str, optimizer):
@@ -47,14 +47,7 @@ def make_part(method: str, optimizer):
                                  tf.keras.layers.Dense(N_OUT)])
     compression = METHODS[method]()
 
-    @tf.function
-    def train_step(x, y):
-        with tf.GradientTape() as tape:
-            loss = LOSS(y, model(x, training=True))
-        tape = hs.DistributedGradientTape(tape, compression=compression)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
+    train_step = tape_step(model, optimizer, compression)
 
     return model, compression, train_step
 

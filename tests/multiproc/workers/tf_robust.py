@@ -14,7 +14,7 @@ import warnings
 import numpy as np
 import tensorflow as tf
 from checks import outcome
-from tf_common import LOSS, hvd, make_model
+from tf_common import hvd, make_model, tape_step
 
 import hvd_sparse.tensorflow as hs
 
@@ -25,14 +25,7 @@ def train(model, compression, steps: int, nan_at: int | None = None) -> int:
     """``steps`` steps; returns how many raised (a NaN input on rank 1 at step ``nan_at``)."""
     optimizer = tf.keras.optimizers.SGD(0.05)
 
-    @tf.function
-    def step_fn(x, y):
-        with tf.GradientTape() as tape:
-            loss = LOSS(y, model(x, training=True))
-        tape = hs.DistributedGradientTape(tape, compression=compression)
-        grads = tape.gradient(loss, model.trainable_variables)
-        optimizer.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
+    step_fn = tape_step(model, optimizer, compression)
 
     rng = np.random.default_rng(7 + hvd.rank())
     raised = 0
