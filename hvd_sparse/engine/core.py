@@ -10,12 +10,15 @@ A *bucket* is a named list of gradient tensors sparsified as one flat vector: on
    where the backend allows),
 2. asks the algorithm for this rank's indices -- for threshold methods in the same pass as step 1
    (``Algorithm.accumulate_select``, one backend op that a kernel fuses),
-3. exchanges them with one of the three patterns (algorithms/base.py: gather, union, shared),
-4. reconstructs the average over ranks as a dense vector and cuts it back into tensors,
-5. keeps what was not sent as the new residual -- exactly: on every index,
+3. exchanges them with the method's pattern -- gather, union or shared, one object each in
+   engine/patterns.py that owns its phases, the bytes it moves and where the average lands,
+4. keeps what was not sent as the new residual -- exactly: on every index,
    ``sent + new residual == gradient + old residual`` (values travelling in a lower precision
    than the residual leave their rounding error in the residual),
-6. lets the algorithm's controller observe what was exchanged, and records statistics.
+5. lets the algorithm's controller observe what was exchanged, and records statistics,
+6. reconstructs the average over ranks as a dense vector and cuts it back into tensors.
+
+``Engine.step`` is these steps in this order, one line (or helper) each.
 """
 
 from __future__ import annotations
@@ -28,9 +31,6 @@ from typing import Any
 import numpy as np
 
 from ..algorithms.base import (
-    GATHER,
-    SHARED,
-    UNION,
     Algorithm,
     StepContext,
     StepEnd,
@@ -38,12 +38,12 @@ from ..algorithms.base import (
     check_choice,
 )
 from ..backends import Backend, index_dtype_for
-from ..comm import ALLGATHER, ALLREDUCE, Collective, Protocol
+from ..comm import Protocol
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
+from . import patterns
 from .agreement import Layout, agree, config_fields
 from .stats import BucketStats, summarize
 
-_ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
 # Dtypes Horovod 0.28.1 can move in collectives (no bfloat16: docs/architecture.md#transport-dtypes).
 _TRANSPORTABLE = ("float16", "float32", "float64")
 _FLOATS = ("float16", "bfloat16", "float32", "float64")
@@ -71,6 +71,18 @@ class Bucket:
     stats: BucketStats | None = None
     nonfinite_steps: int = 0
     sent: tuple | None = None       # (indices, values) of the last step, for take_back
+
+
+@dataclass(frozen=True)
+class Selection:
+    """What steps 1 and 2 hand on: this rank's accumulated vector and indices."""
+
+    acc: Any              # gradient + residual (zeros on a non-finite step)
+    idx: Any              # this rank's indices, in the bucket's index dtype
+    selected: int
+    finite: bool          # the gradient was finite (or not checked: nonfinite="ignore")
+    cleared: bool         # the fused op already cleared the inputs (write_into_inputs)
+    seconds: float        # the selection's time (the whole fused op where there is one)
 
 
 def check_gradient_dtype(key: str, dtype: str) -> None:
@@ -120,118 +132,122 @@ class Engine:
         the bucket, that every rank runs the same method and options on a bucket of the same
         layout (one tiny allgather), so a configuration that differs across ranks fails loudly.
         An empty bucket (a zero-size parameter) is returned as it is, without any collective."""
-        b = self.backend
-        if all(b.numel(t) == 0 for t in tensors):
+        if all(self.backend.numel(t) == 0 for t in tensors):
             return list(tensors)
         bucket = self._bucket(key, tensors)
         bucket.sent = None
-        name = f"{self.prefix}.{key}"
         if check_layout and not self._agreed & {key, "*"} and self.size > 1:
             yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
         self._agreed.add(key)
-        ctx = StepContext(self.rank, self.size, bucket.step, key, bucket.numel, b, name, bucket.sizes)
+        ctx = self._context(bucket)
         if bucket.control is None:
             bucket.control = self.algorithm.init_control(ctx)
-        yield from self.algorithm.prepare(bucket.control, ctx)
+        # The steps of the module docstring:
+        yield from self.algorithm.prepare(bucket.control, ctx)             # 0
+        picked = yield from self._accumulate_select(bucket, tensors, ctx)  # 1, 2
+        out = yield from self._exchange(bucket, picked, ctx)               # 3
+        self._keep_residual(bucket, picked, out)                           # 4
+        self._observe(bucket, picked, out, ctx)                            # 5
+        return self._reconstruct(bucket, tensors, picked, out)             # 6
 
-        # A rank whose gradient is not finite still takes part in every collective (skipping one
-        # would hang the others) but sends zeros -- or NaN, so every rank raises -- and keeps its
-        # residual as it was: checked before the accumulation writes the residual. Threshold
-        # methods accumulate and select in one op, which checks first; with write_into_inputs it
-        # clears the inputs in the same pass, so the reconstruction writes only the selection.
-        check = self.nonfinite != "ignore"
+    def _accumulate_select(self, bucket: Bucket, tensors: list[Any], ctx: StepContext) -> Protocol:
+        """Protocol, steps 1 and 2: ``Selection`` of this rank's indices from gradient + residual.
+
+        A rank whose gradient is not finite still takes part in every collective (skipping one
+        would hang the others) but sends zeros -- or NaN, so every rank raises -- and keeps its
+        residual as it was: checked before the accumulation writes the residual. Threshold
+        methods accumulate and select in one op, which checks first; with write_into_inputs it
+        clears the inputs in the same pass, so the reconstruction writes only the selection."""
+        b, check = self.backend, self.nonfinite != "ignore"
         started = time.perf_counter()
         fused = self.algorithm.accumulate_select(bucket.residual, tensors, bucket.control, ctx,
                                                  self.write_into_inputs, check)
         if fused is None:
-            finite = not check or b.tensors_finite(tensors)
+            acc, idx, finite = None, None, not check or b.tensors_finite(tensors)
             if finite:
                 acc = self.algorithm.accumulate(bucket.residual, tensors, bucket.control, ctx)
         else:
             acc, idx, finite = fused
-        cleared = fused is not None and finite and self.write_into_inputs
-        if not finite:
-            fused = None   # select from zeros, as every method does on such a step
-            acc = b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
-            bucket.nonfinite_steps += 1
-            if self.nonfinite == "skip":
-                warnings.warn(f"hvd_sparse: non-finite gradient in {key!r} on rank {self.rank} at "
-                              f"step {bucket.step}: this rank sends zeros and keeps its residual",
-                              RuntimeWarning, stacklevel=2)
-        poison = not finite and self.nonfinite == "raise"
-
-        if fused is None:
+        if not finite:   # select from zeros, as every method does on such a step
+            acc, idx = self._skip_nonfinite(bucket), None
+        cleared = idx is not None and self.write_into_inputs
+        if idx is None:
             started = time.perf_counter()
             idx = yield from self.algorithm.select(acc, bucket.control, ctx)
         if b.numel(idx) == 0:  # an empty collective can hang: docs/architecture.md#collective-rules
             idx = self.algorithm.fallback(bucket.control, ctx)
             idx = b.from_numpy(b.to_numpy(idx), like=acc)  # on the gradient's device (a GPU)
         selected = b.numel(idx)
-        select_seconds = time.perf_counter() - started
-        idx = b.cast(idx, bucket.index_dtype)
-        extra = self.algorithm.piggyback(bucket.control, ctx)
-        riders = None
+        seconds = time.perf_counter() - started
+        return Selection(acc, b.cast(idx, bucket.index_dtype), selected, finite, cleared, seconds)
 
-        pattern = self.algorithm.pattern
-        isz, vsz = _ITEMSIZE[bucket.index_dtype], _ITEMSIZE[bucket.value_dtype]
-        union_size = None
-        if pattern == GATHER:
-            values, acc = self._send(bucket, acc, idx, poison)
-            all_idx, received = yield [Collective(ALLGATHER, f"{name}.idx", idx),
-                                       Collective(ALLGATHER, f"{name}.val", values)]
-            gathered = b.numel(all_idx)
-            result = (all_idx, self._average(received), False)
-            bytes_sent = selected * (isz + vsz)
-            bytes_received = (gathered - selected) * (isz + vsz)
-        elif pattern == UNION:
-            (all_idx,) = yield [Collective(ALLGATHER, f"{name}.idx", idx)]
-            gathered = b.numel(all_idx)
-            union = self.algorithm.union_indices(all_idx, bucket.control, ctx)
-            union_size = b.numel(union)
-            values, acc = self._send(bucket, acc, union, poison)
-            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", self._ride(values, extra))]
-            received, riders = self._unride(received, extra)
-            result = (union, self._average(received), True)
-            bytes_sent = selected * isz + union_size * vsz
-            bytes_received = (gathered - selected) * isz + union_size * vsz
-        elif pattern == SHARED:
-            values, acc = self._send(bucket, acc, idx, poison)
-            (received,) = yield [Collective(ALLREDUCE, f"{name}.val", self._ride(values, extra))]
-            received, riders = self._unride(received, extra)
-            all_idx, union_size = idx, selected
-            result = (idx, self._average(received), True)
-            bytes_sent = bytes_received = selected * vsz
-        else:  # pragma: no cover  (patterns are validated by Algorithm.__init__)
-            raise ConfigurationError(f"unknown pattern {pattern!r}")
-        sent_at = idx if pattern == GATHER else result[0]
-        if self.nonfinite == "raise" and not b.all_finite(received):
-            if finite:  # nothing of the step is applied: the residual keeps all of g + e
-                bucket.residual = self._put_back(acc, sent_at, values)
+    def _skip_nonfinite(self, bucket: Bucket) -> Any:
+        """The zeros a rank with a non-finite gradient selects from (warned under "skip")."""
+        bucket.nonfinite_steps += 1
+        if self.nonfinite == "skip":
+            # stacklevel 4: the driver advancing step() (via _accumulate_select)
+            warnings.warn(f"hvd_sparse: non-finite gradient in {bucket.key!r} on rank {self.rank} "
+                          f"at step {bucket.step}: this rank sends zeros and keeps its residual",
+                          RuntimeWarning, stacklevel=4)
+        b = self.backend
+        return b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
+
+    def _exchange(self, bucket: Bucket, picked: Selection, ctx: StepContext) -> Protocol:
+        """Protocol, step 3: the selection through the method's pattern (engine/patterns.py)."""
+        control = bucket.control
+        out = patterns.Outgoing(
+            picked.acc, picked.idx, bucket.index_dtype, bucket.value_dtype,
+            poison=not picked.finite and self.nonfinite == "raise",
+            riders=self.algorithm.piggyback(control, ctx),
+            union=lambda gathered: self.algorithm.union_indices(gathered, control, ctx))
+        return (yield from patterns.BY_NAME[self.algorithm.pattern].exchange(out, ctx))
+
+    def _keep_residual(self, bucket: Bucket, picked: Selection, out: patterns.Exchanged) -> None:
+        """Step 4: what was not sent becomes the residual -- unless, under nonfinite="raise", a
+        non-finite value came back: then every rank raises and keeps all of g + e."""
+        if self.nonfinite == "raise" and not self.backend.all_finite(out.received):
+            if picked.finite:  # nothing of the step is applied: the residual keeps all of g + e
+                bucket.residual = self._put_back(out.residual, out.sent_at, out.values)
             raise FloatingPointError(
-                f"hvd_sparse: non-finite gradient in {key!r} at step {bucket.step} on at least one "
+                f"hvd_sparse: non-finite gradient in {bucket.key!r} at step {bucket.step} on at least one "
                 "rank (raised on every rank; this step was applied nowhere and every rank keeps its "
                 "residual, the step counter unchanged). In PyTorch training can go on: catch it "
                 "around optimizer.step(), then call optimizer.load_state_dict(optimizer.state_dict()) "
                 "and optimizer.zero_grad() (README, 'Non-finite gradients'). Or pass "
                 "nonfinite='skip' to drop such a rank's contribution for the step instead")
-        if finite:
-            bucket.residual = acc
-        bucket.sent = (sent_at, values) if finite and self.nonfinite == "raise" else None
+        if picked.finite:
+            bucket.residual = out.residual
+        keep = picked.finite and self.nonfinite == "raise"
+        bucket.sent = (out.sent_at, out.values) if keep else None
 
+    def _observe(self, bucket: Bucket, picked: Selection, out: patterns.Exchanged,
+                 ctx: StepContext) -> None:
+        """Step 5: the controller sees what was exchanged; statistics recorded (engine/stats.py)."""
         target_k = self.algorithm.target_k(bucket.control, ctx)
-        bucket.control = self.algorithm.observe(
-            bucket.control, StepOutcome(selected, union_size, all_idx, idx, riders), ctx)
+        outcome = StepOutcome(picked.selected, out.union_size, out.gathered, picked.idx, out.riders)
+        bucket.control = self.algorithm.observe(bucket.control, outcome, ctx)
         bucket.step += 1
         bucket.stats = BucketStats(
-            step=bucket.step, numel=bucket.numel, k=target_k,
-            selected=selected, bytes_sent=bytes_sent, bytes_received=bytes_received,
-            select_seconds=select_seconds, backend=b, residual=bucket.residual, union_size=union_size,
-            gathered_indices=None if union_size is not None else all_idx,
+            step=bucket.step, numel=bucket.numel, k=target_k, selected=picked.selected,
+            bytes_sent=out.bytes_sent, bytes_received=out.bytes_received,
+            select_seconds=picked.seconds, backend=self.backend, residual=bucket.residual,
+            union_size=out.union_size,
+            gathered_indices=None if out.union_size is not None else out.gathered,
             nonfinite_steps=bucket.nonfinite_steps,
             extra=self.algorithm.control_stats(bucket.control))
+
+    def _reconstruct(self, bucket: Bucket, tensors: list[Any], picked: Selection,
+                     out: patterns.Exchanged) -> list[Any]:
+        """Step 6: the average as dense tensors shaped like ``tensors`` (written into them with
+        ``write_into_inputs``, which the fused op may already have cleared)."""
+        b = self.backend
         if self.write_into_inputs:
-            return b.scatter_into(tensors, *result, zeroed=cleared)
-        return b.split_like(b.scatter(bucket.numel, result[0], result[1], like=acc), tensors)
+            return b.scatter_into(tensors, out.at, out.average, out.unique, zeroed=picked.cleared)
+        return b.split_like(b.scatter(bucket.numel, out.at, out.average, like=out.residual), tensors)
+
+    def _context(self, bucket: Bucket) -> StepContext:
+        return StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend,
+                           f"{self.prefix}.{bucket.key}", bucket.sizes)
 
     def end_step(self, ready: dict[str, float] | None = None) -> Protocol:
         """Protocol to run once per training step, after every bucket's step has finished, on
@@ -264,37 +280,8 @@ class Engine:
                 "only with scope='model' in TensorFlow")
         if numel == 0:  # an empty bucket is returned as it is (see step)
             return []
-        name = f"{self.prefix}.{key}"
-        idx = (ALLGATHER, f"{name}.idx", index_dtype_for(numel))
-        val_dtype = value_dtype_for(dtypes)
-        pattern = self.algorithm.pattern
-        if pattern == GATHER:
-            return [[idx, (ALLGATHER, f"{name}.val", val_dtype)]]
-        if pattern == UNION:
-            return [[idx], [(ALLREDUCE, f"{name}.val", val_dtype)]]
-        return [[(ALLREDUCE, f"{name}.val", val_dtype)]]
-
-    def _average(self, received: Any) -> Any:
-        """Summed values as fp32, divided by N (on the k values, not on the dense vector)."""
-        values = self.backend.cast(received, "float32")
-        return self.backend.scale(values, 1.0 / self.size) if self.size > 1 else values
-
-    def _ride(self, values: Any, extra: Any) -> Any:
-        """The values with the algorithm's riders appended, on the values' device and dtype."""
-        if extra is None:
-            return values
-        b = self.backend
-        riders = b.from_numpy(b.to_numpy(extra).astype(b.dtype_name(values)), like=values)
-        return b.concat([values, riders])
-
-    def _unride(self, received: Any, extra: Any) -> tuple[Any, Any]:
-        """Split the allreduced values from the riders' sums (returned as NumPy)."""
-        if extra is None:
-            return received, None
-        b = self.backend
-        total, riders = b.numel(received), b.numel(extra)
-        summed = b.to_numpy(b.cast(b.slice(received, total - riders, total), "float64"))
-        return b.slice(received, 0, total - riders), summed
+        return patterns.BY_NAME[self.algorithm.pattern].schedule(
+            f"{self.prefix}.{key}", index_dtype_for(numel), value_dtype_for(dtypes))
 
     def take_back(self, keys: list[str]) -> None:
         """Undo, on this rank, the last step of these buckets: what each sent goes back into its
@@ -313,18 +300,6 @@ class Engine:
         precision the residual held the rounding error there)."""
         b = self.backend
         return b.put(residual, idx, b.take(residual, idx) + b.cast(values, b.dtype_name(residual)))
-
-    def _send(self, bucket: Bucket, acc: Any, idx: Any, poison: bool) -> tuple[Any, Any]:
-        """Values to send at idx, and the residual left behind (exact error feedback)."""
-        b = self.backend
-        values = b.take(acc, idx)
-        if poison:
-            values = values + float("nan")
-        if bucket.value_dtype == b.dtype_name(acc):
-            return values, b.zero_at(acc, idx)
-        sent = b.cast(values, bucket.value_dtype)
-        rounding = values - b.cast(sent, b.dtype_name(acc))
-        return sent, b.put(acc, idx, rounding)
 
     def layout_of(self, key: str, tensors: list[Any]) -> Layout:
         """A bucket's layout for ``agree_on_config``: its tensors' (name, shape, dtype)."""
@@ -473,8 +448,7 @@ class Engine:
         if saved["residual"] is not None and (same_world or saved.get("own_residual")):
             residual = saved["residual"].astype(self.backend.dtype_name(bucket.residual))
             bucket.residual = self.backend.from_numpy(residual, like=like)
-        ctx = StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend,
-                          f"{self.prefix}.{bucket.key}", bucket.sizes)
+        ctx = self._context(bucket)
         with warnings.catch_warnings():
             if saved.get("own_residual"):   # an elastic reset: "rebuilt for N ranks" is expected
                 warnings.simplefilter("ignore")
