@@ -162,14 +162,18 @@ class TorchBackend(Backend):
         return [float(c) * x.numel() / sample.numel() for c in counts]
 
     def count_in_ranges(self, idx, bounds):
-        inner = torch.as_tensor(np.asarray(bounds)[1:-1], dtype=torch.int64, device=idx.device)
-        which = torch.bucketize(idx.long(), inner, right=True)
+        # In the indices' own dtype (bounds never exceed n): no int64 copy of a large selection.
+        inner = torch.as_tensor(np.asarray(bounds)[1:-1], dtype=idx.dtype, device=idx.device)
+        which = torch.bucketize(idx, inner, right=True, out_int32=True)
         return torch.bincount(which, minlength=len(bounds) - 1).cpu().numpy().astype(np.int64)
 
     def take(self, x, idx):
-        return x[idx]
+        return x.index_select(0, idx)  # unlike x[idx], no int64 copy of int32 indices
 
     def zero_at(self, x, idx):
+        kernel = getattr(kernels.ops_for(x), "zero_at", None)   # CPU
+        if kernel is not None and kernel(x, idx):
+            return x
         return x.index_fill_(0, idx.long(), 0)
 
     def put(self, x, idx, values):
@@ -238,7 +242,6 @@ class TorchBackend(Backend):
     def scatter_into(self, tensors, idx, values, unique, zeroed=False):
         if not all(t.is_contiguous() for t in tensors):   # no flat view to write through
             return super().scatter_into(tensors, idx, values, unique)
-        idx = idx.long()
         if not unique:  # sum duplicates in fp32 before any cast to the gradients' dtype
             idx, inverse = torch.unique(idx, return_inverse=True)
             summed = torch.zeros(idx.numel(), dtype=values.dtype, device=values.device)
@@ -248,13 +251,14 @@ class TorchBackend(Backend):
             idx, order = torch.sort(idx)
             values = values[order]
         offsets = np.cumsum([0] + [t.numel() for t in tensors]).tolist()
-        cuts = torch.searchsorted(idx, torch.tensor(offsets, device=idx.device)).tolist()
+        cuts = torch.searchsorted(idx, torch.tensor(offsets, dtype=idx.dtype, device=idx.device)).tolist()
+        put_at = getattr(kernels.ops_for(values), "put_at", None)   # CPU
         for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
             flat = t.view(-1)
             if not zeroed:
                 flat.zero_()
-            if hi > lo:
-                flat.index_put_((idx[lo:hi] - offset,), values[lo:hi].to(t.dtype))
+            if hi > lo and not (put_at is not None and put_at(flat, idx[lo:hi], values[lo:hi], offset)):
+                flat.index_put_((idx[lo:hi].long() - offset,), values[lo:hi].to(t.dtype))
         return list(tensors)
 
 def magnitude_keys(x: torch.Tensor) -> torch.Tensor:

@@ -15,9 +15,10 @@ from .accumulate import (  # noqa: E402
     accumulate_select_if_finite,
     all_finite,
 )
+from .indexing import put_at, zero_at  # noqa: E402
 from .momentum import momentum_accumulate  # noqa: E402
 from .norms import mean_std, segment_norms  # noqa: E402
 from .topk import abs_at_least, topk_abs  # noqa: E402
 
 __all__ = ["abs_at_least", "accumulate", "accumulate_select", "accumulate_select_if_finite", "all_finite",
-           "mean_std", "momentum_accumulate", "segment_norms", "topk_abs"]
+           "mean_std", "momentum_accumulate", "put_at", "segment_norms", "topk_abs", "zero_at"]
