@@ -117,12 +117,17 @@ class Algorithm:
     patterns: ClassVar[tuple[str, ...]] = (GATHER,)
     scopes: ClassVar[tuple[str, ...]] = (TENSOR, MODEL)
     exclusive: ClassVar[bool] = False   # ranks' selections never overlap: union = concatenation
-    select_collectives: ClassVar[bool] = False  # ``select`` itself issues collectives
 
     def __init__(self, density: float, *, pattern: str | None = None, scope: str | None = None):
         self.density = check_density(density)
         self.pattern = check_choice("pattern", pattern or self.patterns[0], self.patterns)
         self.scope = check_choice("scope", scope or self.scopes[0], self.scopes)
+
+    @property
+    def select_collectives(self) -> bool:
+        """Whether a step issues collectives of its own besides the pattern's (in ``prepare`` or
+        ``select``), so that its phases are not known before it runs. Default: no."""
+        return False
 
     def plan(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
         """Group the model's gradients into buckets: (bucket name, member keys) in a

@@ -273,7 +273,6 @@ class DEFT(Algorithm):
     patterns = (UNION,)
     scopes = (MODEL,)
     exclusive = True
-    select_collectives = True
 
     def __init__(self, density: float = 0.001, *, agreed_k: bool = False, packing: str = "linear"):
         super().__init__(density, pattern=UNION, scope=MODEL)
@@ -281,6 +280,10 @@ class DEFT(Algorithm):
             raise ConfigurationError(f"agreed_k must be True or False, got {agreed_k!r}")
         self.agreed_k = agreed_k
         self.packing = check_choice("packing", packing, PACKINGS)
+
+    @property
+    def select_collectives(self) -> bool:
+        return True   # the master broadcasts the bin assignment in ``select``
 
     # --- control state ----------------------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> DeftControl:

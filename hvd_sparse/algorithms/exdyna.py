@@ -39,6 +39,7 @@ Named options (off in paper mode):
 
 from __future__ import annotations
 
+from dataclasses import dataclass, fields, replace
 from fractions import Fraction
 
 import numpy as np
@@ -47,11 +48,53 @@ from ..comm import NEIGHBOURS, Collective, Protocol
 from ..errors import ConfigurationError
 from ..renamed import renamed_options
 from .base import StepContext, StepOutcome, check_choice, is_integer
-from .micro import ExclusiveControl, MiCRO, owned_partition, refuse_fewer_entries_than_ranks
+from .micro import (
+    ExclusiveControl,
+    MiCRO,
+    owned_partition,
+    refuse_fewer_entries_than_ranks,
+    unreadable_control_state,
+)
 
 REBALANCE_MODES = ("exact", "neighbour", "histogram", "off")
 PAPER_BLOCKS = 1024
 BLOCK_ALIGN = 32
+
+
+@dataclass
+class BlockLayout:
+    """ExDyna's partitions as runs of whole blocks (docs/algorithms.md#block-layout). The same on
+    every rank, except ``own`` and ``own_count``, which only neighbour mode sets."""
+
+    num_blocks: int
+    block: int                             # elements per block
+    tail: int                              # elements after the last whole block (last partition's)
+    blocks: list[int] | None = None        # blocks per partition (None in neighbour mode)
+    own: tuple[int, int] | None = None     # neighbour mode: (first block, blocks) owned this step
+    own_count: int | None = None           # neighbour mode: this rank's count of the last step
+    block_loads: np.ndarray | None = None  # histogram mode: decaying average of per-block counts
+
+    def to_state(self) -> dict:
+        """Plain data for a checkpoint: the fields that are set, as ints and lists."""
+        optional = {"blocks": self.blocks, "own": self.own, "own_count": self.own_count,
+                    "block_loads": self.block_loads}
+        return {"num_blocks": self.num_blocks, "block": self.block, "tail": self.tail,
+                **{name: np.asarray(value).tolist() for name, value in optional.items() if value is not None}}
+
+    @classmethod
+    def from_state(cls, state: dict) -> BlockLayout:
+        """The inverse of ``to_state``; refuses what it did not write."""
+        problems = [f"no {name}" for name in ("num_blocks", "block", "tail") if name not in state]
+        problems += [f"unknown {name!r}" for name in sorted(set(state) - {f.name for f in fields(cls)})]
+        if problems:
+            raise unreadable_control_state("ExDyna", f"layout with {', '.join(problems)}")
+        blocks, own = state.get("blocks"), state.get("own")
+        own_count, loads = state.get("own_count"), state.get("block_loads")
+        return cls(int(state["num_blocks"]), int(state["block"]), int(state["tail"]),
+                   blocks=None if blocks is None else [int(b) for b in blocks],
+                   own=None if own is None else (int(own[0]), int(own[1])),
+                   own_count=None if own_count is None else int(own_count),
+                   block_loads=None if loads is None else np.asarray(loads, dtype=np.float64))
 
 
 def block_layout(n: int, size: int, num_blocks: int) -> tuple[int, int, int]:
@@ -187,6 +230,7 @@ class ExDyna(MiCRO):
     """
 
     name = "exdyna"
+    control_keys = (*MiCRO.control_keys, "layout")
 
     @renamed_options(threshold="threshold_scaling", band="threshold_band",
                      over_band="overload_ratio", under_band="underload_ratio")
@@ -209,11 +253,13 @@ class ExDyna(MiCRO):
                                      f"{underload_ratio} and {overload_ratio}")
 
     @property
-    def select_collectives(self) -> bool:  # type: ignore[override]
-        return self.rebalance == "neighbour"
+    def select_collectives(self) -> bool:
+        return self.rebalance == "neighbour"   # the exchange in ``rebalance_partitions``
 
     # --- partitions ---------------------------------------------------------------------------------
-    def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray | None:
+    def reset_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
+        """The initial blocks; in neighbour mode only the partition this rank owns at this step,
+        (t + r) mod N (t > 0 after a resume or an elastic reset), is known here."""
         requested = self.num_blocks
         if requested == "auto":
             requested = max(PAPER_BLOCKS, 16 * ctx.size)
@@ -224,36 +270,38 @@ class ExDyna(MiCRO):
                 "num_blocks='auto' (max(1024, 16 N) blocks) or a larger num_blocks")
         num_blocks, block, tail = block_layout(ctx.numel, ctx.size, requested)
         blocks = initial_blocks(num_blocks, ctx.size)
-        control.layout = {"num_blocks": num_blocks, "block": block, "tail": tail}
         if self.rebalance == "neighbour":
-            # Each rank knows only the partition it owns at this step, (t + r) mod N (at t > 0
-            # after a resume or an elastic reset): (first block, blocks), and its count.
             owned = owned_partition(ctx.rank, ctx.step, ctx.size)
-            control.layout["own"] = [sum(blocks[:owned]), blocks[owned]]
-            return None
-        control.layout["blocks"] = blocks
-        return block_bounds(blocks, block, ctx.numel)
+            control.layout = BlockLayout(num_blocks, block, tail, own=(sum(blocks[:owned]), blocks[owned]))
+            control.bounds = None
+        else:
+            control.layout = BlockLayout(num_blocks, block, tail, blocks=blocks)
+            control.bounds = block_bounds(blocks, block, ctx.numel)
+
+    def control_state(self, control: ExclusiveControl) -> dict:
+        return {**super().control_state(control), "layout": control.layout.to_state()}
 
     def agreed_control(self, state: dict) -> dict:
         if self.rebalance != "neighbour":
             return state
         # A rank knows only its own partition: another rank's is no use to the process adopting
         # this state, which starts again from the initial layout (load_control).
-        layout = {k: v for k, v in state["layout"].items() if k not in ("own", "own_count")}
-        return {**state, "layout": layout}
+        layout = replace(BlockLayout.from_state(state["layout"]), own=None, own_count=None)
+        return {**state, "layout": layout.to_state()}
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> ExclusiveControl:
         control = super().load_control(state, ctx, saved_size)
-        if self.rebalance == "neighbour" and "own" not in control.layout:
-            self.initial_bounds(control, ctx)   # the partition owned at this step, initial blocks
-            control.union_prev = None           # no rebalance before a step has been observed
+        if saved_size == ctx.size:
+            control.layout = BlockLayout.from_state(state["layout"])
+            if self.rebalance == "neighbour" and control.layout.own is None:   # agreed_control's
+                self.reset_partitions(control, ctx)
+                control.union_prev = None    # no rebalance before a step has been observed
         return control
 
     def own_range(self, control: ExclusiveControl, ctx: StepContext) -> tuple[int, int]:
         if control.bounds is not None:
             return super().own_range(control, ctx)
-        first, blocks = control.layout["own"]
-        block = control.layout["block"]
+        (first, blocks), block = control.layout.own, control.layout.block
         last = owned_partition(ctx.rank, ctx.step, ctx.size) == ctx.size - 1
         return first * block, ctx.numel if last else (first + blocks) * block
 
@@ -265,40 +313,40 @@ class ExDyna(MiCRO):
             yield from self._neighbour_rebalance(control, ctx)
             return
         if self.rebalance == "histogram":
-            if "block_loads" not in layout:   # nothing observed yet
+            if layout.block_loads is None:   # nothing observed yet
                 return
-            blocks = histogram_blocks(np.asarray(layout["block_loads"]), ctx.size)
+            blocks = histogram_blocks(layout.block_loads, ctx.size)
             if blocks is not None:
                 control.moves = int(np.count_nonzero(   # boundaries that moved
-                    np.cumsum(blocks)[:-1] != np.cumsum(layout["blocks"])[:-1]))
-                layout["blocks"] = blocks
-                control.bounds = block_bounds(blocks, layout["block"], ctx.numel)
+                    np.cumsum(blocks)[:-1] != np.cumsum(layout.blocks)[:-1]))
+                layout.blocks = blocks
+                control.bounds = block_bounds(blocks, layout.block, ctx.numel)
             return
         if self.rebalance != "exact":
             return
-        layout["blocks"], control.moves = sweep(
-            layout["blocks"], control.counts_prev.tolist(), control.union_prev, ctx.numel,
-            layout["block"], layout["num_blocks"], self._over, self._under)
-        control.bounds = block_bounds(layout["blocks"], layout["block"], ctx.numel)
+        layout.blocks, control.moves = sweep(
+            layout.blocks, control.counts_prev.tolist(), control.union_prev, ctx.numel,
+            layout.block, layout.num_blocks, self._over, self._under)
+        control.bounds = block_bounds(layout.blocks, layout.block, ctx.numel)
 
-    def partition_counts(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext):
+    def record_counts(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext) -> None:
         layout = control.layout
         if control.bounds is None:  # neighbour mode: only the own count is known here
-            layout["own_count"] = int(outcome.selected)
-            return None
+            layout.own_count = int(outcome.selected)
+            return
         if self.rebalance != "histogram":
-            return super().partition_counts(control, outcome, ctx)
+            super().record_counts(control, outcome, ctx)
+            return
         # One count per block (one pass over the indices, one copy to the host); partitions are
         # whole blocks, so their counts are sums of these.
-        edges = block_edges(layout["num_blocks"], layout["block"], ctx.numel)
+        edges = block_edges(layout.num_blocks, layout.block, ctx.numel)
         counts = ctx.backend.count_in_ranges(outcome.gathered_indices, edges)
         loads = counts.astype(np.float64)
-        if "block_loads" in layout:
-            loads = self.histogram_decay * np.asarray(layout["block_loads"]) + (
-                1.0 - self.histogram_decay) * loads
-        layout["block_loads"] = loads.tolist()   # a list: checkpoints hold plain data
-        starts = np.concatenate([[0], np.cumsum(layout["blocks"])[:-1]])
-        return np.add.reduceat(counts, starts)
+        if layout.block_loads is not None:
+            loads = self.histogram_decay * layout.block_loads + (1.0 - self.histogram_decay) * loads
+        layout.block_loads = loads
+        starts = np.concatenate([[0], np.cumsum(layout.blocks)[:-1]])
+        control.counts_prev = np.add.reduceat(counts, starts)
 
     # --- neighbour mode: the exchange runs inside the step's protocol, before the selection -------
     def _neighbour_rebalance(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
@@ -307,17 +355,17 @@ class ExDyna(MiCRO):
         rank r+1 (docs/algorithms.md#neighbour-rebalancing)."""
         b, size, layout = ctx.backend, ctx.size, control.layout
         previous = owned_partition(ctx.rank, ctx.step - 1, size)
-        first, blocks = layout["own"]
-        count = layout["own_count"]
+        first, blocks = layout.own
+        count = layout.own_count
         mine = b.from_numpy(np.array([count, blocks], dtype=np.int64))
         ((left, right),) = yield [Collective(NEIGHBOURS, f"{ctx.name}.loads", mine)]
         left_info = tuple(int(x) for x in b.to_numpy(left)) if previous > 0 else None
         right_info = tuple(int(x) for x in b.to_numpy(right)) if previous < size - 1 else None
         first, blocks, moved = neighbour_update(
             previous, ctx.step - 1, first, blocks, count, left_info, right_info,
-            control.union_prev, layout["num_blocks"], size, self._over, self._under)
+            control.union_prev, layout.num_blocks, size, self._over, self._under)
         mine = b.from_numpy(np.array([first, blocks, moved], dtype=np.int64))
         ((_, from_right),) = yield [Collective(NEIGHBOURS, f"{ctx.name}.handoff", mine)]
         first, blocks, _ = (int(x) for x in b.to_numpy(from_right))
-        layout["own"] = [first, blocks]
+        layout.own = (first, blocks)
         control.moves = moved

@@ -27,9 +27,9 @@ from __future__ import annotations
 
 import math
 import warnings
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from fractions import Fraction
-from typing import Any
+from typing import TYPE_CHECKING, Any, ClassVar
 
 import numpy as np
 
@@ -38,6 +38,9 @@ from ..comm import Protocol, finished
 from ..errors import ConfigurationError
 from ..renamed import renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
+
+if TYPE_CHECKING:
+    from .exdyna import BlockLayout
 
 THRESHOLD_SCALINGS = ("paper", "tracking")
 THRESHOLD_BANDS = ("code", "symmetric")
@@ -55,6 +58,9 @@ TRACKING_BIAS_RATE = 0.05           # speed of the outer loop on the mean count
 # CNN at ρ = 0.001 (0.99 with +8).
 TRACKING_BIAS_CLIP = (-1.0, 8.0)
 TRACKING_SAMPLE = 8                 # probes read 1/8 of the partition on large models
+# ``control_state``'s shape. States saved before the key existed are format 1 too; they also
+# held MiCRO's always-empty ``layout``, which is ignored.
+CONTROL_FORMAT = 1
 
 
 def initial_threshold(k: int) -> float:
@@ -143,7 +149,7 @@ class ExclusiveControl:
     used_threshold: float = 0.0           # the threshold the last step selected with
     probes: Any = None                    # this step's local fractions at λ/c, λ·c (tracking)
     bias: float = 1.0                     # tracking: outer-loop correction of the count target
-    layout: dict = field(default_factory=dict)   # ExDyna's block layout (empty for MiCRO)
+    layout: BlockLayout | None = None     # ExDyna's blocks (None for MiCRO)
 
 
 class MiCRO(Algorithm):
@@ -161,6 +167,7 @@ class MiCRO(Algorithm):
     patterns = (UNION,)
     scopes = (MODEL,)
     exclusive = True
+    control_keys: ClassVar[tuple[str, ...]] = ("threshold", "bounds", "union_prev", "counts_prev")
 
     @renamed_options(threshold="threshold_scaling", band="threshold_band")
     def __init__(self, density: float = 0.001, *, threshold_scaling: str = "paper",
@@ -171,8 +178,9 @@ class MiCRO(Algorithm):
         self.threshold_band = check_choice("threshold_band", threshold_band, THRESHOLD_BANDS)
 
     # --- partitions (MiCRO: fixed equal chunks; ExDyna overrides) ------------------------------
-    def initial_bounds(self, control: ExclusiveControl, ctx: StepContext) -> np.ndarray:
-        return equal_chunks(ctx.numel, ctx.size)
+    def reset_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
+        """Set the partitions of step ``ctx.step`` as at the start of training."""
+        control.bounds = equal_chunks(ctx.numel, ctx.size)
 
     def rebalance_partitions(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
         """Move partition boundaries before the step from what earlier steps observed (ExDyna);
@@ -187,8 +195,8 @@ class MiCRO(Algorithm):
     def init_control(self, ctx: StepContext) -> ExclusiveControl:
         refuse_fewer_entries_than_ranks(type(self).__name__, ctx.numel, ctx.size)
         k = self.k(ctx.numel)
-        control = ExclusiveControl(k=k, threshold=initial_threshold(k), bounds=np.zeros(0))
-        control.bounds = self.initial_bounds(control, ctx)
+        control = ExclusiveControl(k=k, threshold=initial_threshold(k), bounds=None)
+        self.reset_partitions(control, ctx)
         return control
 
     def prepare(self, control: ExclusiveControl, ctx: StepContext) -> Protocol:
@@ -239,14 +247,14 @@ class MiCRO(Algorithm):
             return None
         return ctx.backend.from_numpy(control.probes.astype(np.float32))
 
-    def partition_counts(self, control: ExclusiveControl, outcome: StepOutcome,
-                         ctx: StepContext) -> np.ndarray | None:
-        """Per-partition counts of the step, read off the gathered indices (no message)."""
-        return ctx.backend.count_in_ranges(outcome.gathered_indices, control.bounds)
+    def record_counts(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext) -> None:
+        """Keep the step's per-partition counts, read off the gathered indices (no message), for
+        the next rebalance and the statistics."""
+        control.counts_prev = ctx.backend.count_in_ranges(outcome.gathered_indices, control.bounds)
 
     def observe(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext) -> Any:
         union = int(outcome.union_size)
-        control.counts_prev = self.partition_counts(control, outcome, ctx)
+        self.record_counts(control, outcome, ctx)
         control.last_step = ctx.step
         if self.threshold_scaling == "tracking" and outcome.piggyback is not None:
             below, above = (float(x) for x in outcome.piggyback)
@@ -269,13 +277,15 @@ class MiCRO(Algorithm):
         return out
 
     def control_state(self, control: ExclusiveControl) -> dict:
-        return {"k": control.k, "threshold": control.threshold, "bias": control.bias,
+        """Plain data (no hvd_sparse class), so that a checkpoint loads without this module."""
+        return {"format": CONTROL_FORMAT, "k": control.k, "threshold": control.threshold,
+                "bias": control.bias,
                 "bounds": None if control.bounds is None else control.bounds.tolist(),
                 "union_prev": control.union_prev,
-                "counts_prev": None if control.counts_prev is None else control.counts_prev.tolist(),
-                "layout": dict(control.layout)}
+                "counts_prev": None if control.counts_prev is None else control.counts_prev.tolist()}
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> ExclusiveControl:
+        check_control_state(state, type(self).__name__, self.control_keys)
         control = self.init_control(ctx)
         control.threshold = float(state["threshold"])
         control.bias = float(state.get("bias", 1.0))
@@ -283,7 +293,6 @@ class MiCRO(Algorithm):
         if saved_size == ctx.size:
             if state["bounds"] is not None:
                 control.bounds = np.asarray(state["bounds"], dtype=np.int64)
-            control.layout = dict(state["layout"])
             if state["counts_prev"] is not None:
                 control.counts_prev = np.asarray(state["counts_prev"], dtype=np.int64)
         else:
@@ -291,6 +300,24 @@ class MiCRO(Algorithm):
                           f"(checkpoint from {saved_size}); the threshold carries over", stacklevel=2)
             control.union_prev = None
         return control
+
+
+def check_control_state(state: Any, method: str, keys: tuple[str, ...]) -> None:
+    """Refuse, naming the fix, a checkpoint's control state this version cannot read."""
+    if not isinstance(state, dict):
+        raise unreadable_control_state(method, f"a {type(state).__name__}, not a dict")
+    if state.get("format", CONTROL_FORMAT) != CONTROL_FORMAT:
+        raise unreadable_control_state(method, f"format {state['format']!r}")
+    missing = [key for key in keys if key not in state]
+    if missing:
+        raise unreadable_control_state(method, f"no {', '.join(missing)}")
+
+
+def unreadable_control_state(method: str, problem: str) -> ConfigurationError:
+    return ConfigurationError(
+        f"the checkpoint's {method} control state cannot be read ({problem}): load a checkpoint "
+        f"saved by hvd_sparse's {method} (control state format {CONTROL_FORMAT}), or resume with "
+        "the hvd_sparse version that saved this one")
 
 
 def imbalance(counts: np.ndarray) -> float:
