@@ -9,15 +9,6 @@ import warnings
 
 import numpy as np
 import pytest
-from baselines_reference import (
-    dgc_density,
-    dgc_momentum_step,
-    dgc_unsampled_selection,
-    gaussiank_original,
-    gaussiank_rescale,
-    threshold_selection,
-)
-from reference import expected_step
 
 import hvd_sparse
 from hvd_sparse import ConfigurationError, UnsupportedTensorError
@@ -25,6 +16,10 @@ from hvd_sparse.algorithms import DGC, GaussianK, RandomK, Threshold, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.reference.dgc import dgc_density, dgc_momentum_step, dgc_unsampled_selection
+from tests.reference.engine import expected_step
+from tests.reference.gaussiank import gaussiank_original, gaussiank_rescale
+from tests.reference.threshold import threshold_selection
 
 NP = get_backend("numpy")
 SHAPES = [(20, 15), (15,), (6, 5, 4)]

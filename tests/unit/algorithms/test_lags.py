@@ -12,7 +12,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from reference import expected_step, topk_indices
 
 from hvd_sparse import ConfigurationError, create
 from hvd_sparse.algorithms import LAGS
@@ -29,6 +28,7 @@ from hvd_sparse.comm import ALLGATHER, ALLREDUCE
 from hvd_sparse.comm.horovod_torch import AsyncProtocols
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.reference.engine import expected_step, topk_indices
 
 NP = get_backend("numpy")
 REPO = Path(__file__).resolve().parents[2]
