@@ -28,7 +28,7 @@ test: install lint
 unit-reference: install
 	@echo "unit tests again with HVD_SPARSE_KERNELS=off (the reference path)"
 	@HVD_SPARSE_KERNELS=off $(RUN) $(PYTHON) -m pytest -ra -q -m "not multiproc" \
-		--ignore=tests/unit/test_triton_kernels.py $(PYTEST_ARGS); rc=$$?; \
+		--ignore=tests/unit/kernels/test_triton.py $(PYTEST_ARGS); rc=$$?; \
 	$(NO_MATCH); exit $$rc
 
 unit: install

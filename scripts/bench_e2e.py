@@ -52,12 +52,11 @@ import tempfile
 import time
 from pathlib import Path
 
+from bench_e2e_worker import CONFIGS, REFERENCE, known
+from results import machine_info
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
-sys.path.insert(0, str(HERE))
-
-from bench_e2e_worker import CONFIGS, REFERENCE, known  # noqa: E402
-from results import machine_info  # noqa: E402
 
 WORKER = HERE / "bench_e2e_worker.py"
 NETNS = HERE / "netns.sh"

@@ -31,14 +31,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from results import output_dir, pyplot, save
 
 from hvd_sparse.sim import simulate

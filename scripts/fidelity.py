@@ -32,14 +32,11 @@ from __future__ import annotations
 import argparse
 import json
 import platform
-import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from convergence import TASKS as RECIPES  # the convergence runs' recipe (lr, momentum, clip, batch)
 from results import output_dir, pyplot, save
 

@@ -3,8 +3,8 @@
 #
 #   scripts/gpu_check.sh
 #
-# 1. The CUDA tests: tests/unit/test_cuda.py (every method on CUDA tensors against NumPy) and
-#    tests/unit/test_triton_kernels.py (every Triton kernel against the reference path, compiled,
+# 1. The CUDA tests: tests/unit/backends/test_cuda.py (every method on CUDA tensors against NumPy)
+#    and tests/unit/kernels/test_triton.py (every Triton kernel against the reference path, compiled,
 #    on CUDA tensors; TRITON_INTERPRET is unset for this).
 # 2. Exact top-k: the Triton kernel against torch.topk and the reference op, 25e6 and 1e8
 #    elements (scripts/bench_topk.py).
@@ -89,7 +89,7 @@ run_stage() {
 
 run_stage "CUDA tests" "$out/cuda_tests_$tag.log" "$test_seconds" \
     "$python" -m pytest -q -p no:cacheprovider --timeout=180 \
-    tests/unit/test_cuda.py tests/unit/test_triton_kernels.py
+    tests/unit/backends/test_cuda.py tests/unit/kernels/test_triton.py
 run_stage "top-k kernel against torch.topk" "$out/topk_kernels_$tag.log" "$topk_seconds" \
     "$python" scripts/bench_topk.py --device cuda --sizes 25e6 1e8
 run_stage "selection benchmark, kernels on and off" "$out/select_kernels_$tag.log" "$bench_seconds" \

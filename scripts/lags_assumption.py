@@ -21,17 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from results import pyplot, save
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from results import pyplot, save
 
 from hvd_sparse.algorithms.lags import LAGS, AssumptionMonitor
 from hvd_sparse.backends import get_backend

@@ -28,12 +28,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
+from results import machine_info, output_dir
+
+from hvd_sparse.sim.tasks import TASKS
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
-from results import machine_info, output_dir  # noqa: E402
-
-from hvd_sparse.sim.tasks import TASKS  # noqa: E402
 
 MODELS = ("digits", "digits-mlp", "lstm")
 # (method, density, options)

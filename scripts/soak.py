@@ -32,9 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
-sys.path[:0] = [str(HERE), str(REPO)]
+REPO = Path(__file__).resolve().parents[1]
 
 METHODS = {"exdyna-tracking": ("exdyna", {"threshold_scaling": "tracking"}), "deft": ("deft", {}),
            "exdyna": ("exdyna", {}), "topk": ("topk", {})}

@@ -102,7 +102,7 @@ log "mpi4py==$mpi4py_v, build and test tools"
 # Triton at the version torch's CUDA build requires: the GPU kernels run on it, and on this CPU
 # torch the tests run them in its interpreter. It goes into .venv/triton, off the venv's path:
 # its native library crashes a process that loaded TensorFlow first, and torch imports Triton
-# whenever it finds it (tests/unit/test_triton_kernels.py puts it on the path of a child process).
+# whenever it finds it (tests/unit/kernels/test_triton.py puts it on the path of a child process).
 triton_v=$(pin triton)
 log "triton==$triton_v (into $venv/triton)"
 "${pip[@]}" uninstall -y triton >/dev/null 2>&1 || true

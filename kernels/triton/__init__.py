@@ -32,7 +32,7 @@ The engine today calls ``all_finite`` and then ``accumulate_select`` (through th
 two synchronizations for a threshold method's finite check and count, where
 ``accumulate_select_if_finite`` takes one.
 
-Tests (tests/unit/test_triton_kernels.py, cases in tests/triton_cases.py): without a GPU every
+Tests (tests/unit/kernels/test_triton.py, cases in triton_cases.py beside it): without a GPU every
 kernel runs in Triton's interpreter (``TRITON_INTERPRET=1`` before Triton is imported, CPU
 tensors) against the reference path, and is compiled for sm_90; on a GPU the same cases run
 compiled, and the host synchronizations are counted. scripts/gpu_check.sh runs the GPU checks.

@@ -13,7 +13,8 @@ from __future__ import annotations
 import json
 
 import pytest
-from launch import assert_passed, launch
+
+from tests.multiproc.launch import assert_passed, launch
 
 pytestmark = pytest.mark.multiproc
 

@@ -11,7 +11,8 @@ from __future__ import annotations
 import re
 
 import pytest
-from launch import assert_passed, launch
+
+from tests.multiproc.launch import assert_passed, launch
 
 pytestmark = pytest.mark.multiproc
 

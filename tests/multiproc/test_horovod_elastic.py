@@ -13,7 +13,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from launch import BIN, REPO, WORKERS, job_env
+
+from tests.multiproc.launch import BIN, REPO, WORKERS, job_env
 
 pytestmark = pytest.mark.multiproc
 

@@ -7,7 +7,8 @@ parameters (workers/checks.py)."""
 from __future__ import annotations
 
 import pytest
-from launch import assert_passed, launch
+
+from tests.multiproc.launch import assert_passed, launch
 
 pytestmark = pytest.mark.multiproc
 

@@ -9,7 +9,8 @@ each group's allgathers are issued, and complete, before the backward pass ends.
 from __future__ import annotations
 
 import pytest
-from launch import assert_passed, launch
+
+from tests.multiproc.launch import assert_passed, launch
 
 pytestmark = pytest.mark.multiproc
 

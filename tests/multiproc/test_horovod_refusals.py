@@ -6,7 +6,8 @@ the same structure statically). A Horovod upgrade that moves any of it fails her
 from __future__ import annotations
 
 import pytest
-from launch import assert_passed, launch
+
+from tests.multiproc.launch import assert_passed, launch
 
 pytestmark = pytest.mark.multiproc
 

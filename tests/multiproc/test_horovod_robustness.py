@@ -9,9 +9,9 @@ import subprocess
 import time
 
 import pytest
-from launch import assert_passed, launch
 
 import hvd_sparse
+from tests.multiproc.launch import assert_passed, launch
 
 pytestmark = pytest.mark.multiproc
 VARIANTS = len(hvd_sparse.available()) + 5   # the registry's methods, the worker's extra variants

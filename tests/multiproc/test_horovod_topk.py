@@ -11,7 +11,8 @@ import subprocess
 import sys
 
 import pytest
-from launch import REPO, assert_passed, job_env, launch
+
+from tests.multiproc.launch import REPO, assert_passed, job_env, launch
 
 pytestmark = pytest.mark.multiproc
 

@@ -1,16 +1,20 @@
-"""The face classes: one per registered method in each framework, each showing the method's
-arguments and the face's options in its signature and in ``help()``."""
+"""The face classes (hvd_sparse/faces.py): one per registered method in each framework, each showing
+the method's arguments and the face's options in its signature and in ``help()``; the options'
+defaults and checks, the API before the first step, and the refusal of reductions other than
+Average."""
 
 from __future__ import annotations
 
 import inspect
 import pydoc
 import re
+from types import SimpleNamespace
 
 import pytest
 
 import hvd_sparse
-from hvd_sparse import registry
+from hvd_sparse import ConfigurationError, registry
+from hvd_sparse.faces import refuse_reduction_op
 
 FACES = {"torch": ("named_parameters", "process_set", "prefix", "nonfinite"),
          "tensorflow": ("process_set", "prefix", "nonfinite")}
@@ -73,3 +77,34 @@ def test_create_builds_the_face_class(face):
                                    threshold_scaling="tracking", prefix="t")
     assert type(compressor) is module.ExDyna
     assert compressor.algorithm.threshold_scaling == "tracking" and compressor.prefix == "t"
+
+
+def test_face_options_have_defaults_and_are_checked(face):
+    _, module = face
+    compressor = module.TopK(0.05)
+    assert compressor.algorithm.density == 0.05     # positional arguments go to the method
+    assert (compressor.prefix, compressor.nonfinite, compressor.process_set) == ("hvd_sparse", "skip", None)
+    with pytest.raises(ConfigurationError, match="nonfinite must be one of"):
+        module.TopK(0.05, nonfinite="drop")
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        module.TopK(0.05, named_parameter=[])
+
+
+def test_stats_and_repr_before_the_first_step(face):
+    framework, module = face
+    compressor = module.MiCRO(0.02)
+    stats = compressor.stats()
+    assert stats["step"] == 0 and stats["density_target"] == 0.02 and stats["buckets"] == 0
+    assert repr(compressor) == f"hvd_sparse.{framework}.{compressor.algorithm!r}"
+
+
+def test_only_the_average_reduction_is_accepted():
+    hvd = SimpleNamespace(**{op: object() for op in ("Average", "Sum", "Min", "Max", "Product", "Adasum")})
+    refuse_reduction_op(None, hvd)
+    refuse_reduction_op(hvd.Average, hvd)
+    with pytest.raises(ConfigurationError, match=r"op=hvd\.Adasum cannot be combined .* Use op=hvd\.Average"):
+        refuse_reduction_op(hvd.Adasum, hvd)
+    for op in ("Sum", "Min", "Max", "Product"):
+        message = rf"op=hvd\.{op} cannot be combined .* pass op=hvd\.Average"
+        with pytest.raises(ConfigurationError, match=message):
+            refuse_reduction_op(getattr(hvd, op), hvd)

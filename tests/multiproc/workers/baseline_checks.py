@@ -10,14 +10,10 @@ the aggregate is then checked against every rank's sent values.
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from baselines_reference import threshold_selection
-from reference import expected_step, topk_indices
+from tests.reference.engine import expected_step, topk_indices
+from tests.reference.threshold import threshold_selection
 
 __all__ = ["check_step", "cleared", "threshold_selection", "topk_indices"]
 

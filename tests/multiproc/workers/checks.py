@@ -2,20 +2,17 @@
 
 The worker hands over, per bucket, every rank's accumulated vector (gradient + old residual,
 allgathered by the worker itself), this rank's applied gradient and this rank's new residual;
-the expected values come from tests/reference.py, an implementation independent of the engine.
+the expected values come from tests/reference/engine.py, an implementation independent of the engine.
 """
 
 from __future__ import annotations
 
 import itertools
-import os
 import re
-import sys
 
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from reference import expected_step, topk_indices
+from tests.reference.engine import expected_step, topk_indices
 
 
 def check_topk_step(rank: int, accs: np.ndarray, applied: np.ndarray, new_residual: np.ndarray,

@@ -2,7 +2,7 @@
 
 ``check_deft_step`` re-derives the whole step (unit table, every rank's k split, the master's
 packing, the assignment, the selections, the union) from every rank's accumulated vector with
-tests/reference_deft.py, independent of the engine, and compares the applied gradient, this rank's
+tests/reference/deft.py, independent of the engine, and compares the applied gradient, this rank's
 new residual and the statistics. Where the worker cannot know the exact accumulated vectors
 (Keras computes its gradient inside ``train_on_batch``), ``check_deft_step_from_residuals``
 derives what was aggregated from the ranks' residuals instead and checks the aggregate.
@@ -10,13 +10,9 @@ derives what was aggregated from the ranks' residuals instead and checks the agg
 
 from __future__ import annotations
 
-import os
-import sys
-
 import numpy as np
 
-sys.path.insert(0, os.path.join(os.path.dirname(__file__), "..", ".."))
-from reference_deft import deft_step
+from tests.reference.deft import deft_step
 
 
 def check_deft_step(rank: int, accs: np.ndarray, applied: np.ndarray, new_residual: np.ndarray,

@@ -24,12 +24,12 @@ import numpy as np
 import tensorflow as tf
 from baseline_checks import check_step, cleared, threshold_selection, topk_indices
 from checks import check_identical
-from reference import expected_step
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse import ConfigurationError, UnsupportedTensorError
 from hvd_sparse.monitor import stat_vector
 from hvd_sparse.tensorflow import keras as hs_keras
+from tests.reference.engine import expected_step
 
 STEPS = 8
 LOG_DIR = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -187,7 +187,7 @@ def check_cleared():
 
 
 def check_dgc(density, momentum, warmup_epochs, steps_per_epoch):
-    from baselines_reference import dgc_density
+    from tests.reference.dgc import dgc_density
 
     def check(step, raw, applied, old, new, label):
         u = np.zeros_like(raw) if old is None else old["control"]["momentum"]

@@ -21,13 +21,13 @@ import numpy as np
 import torch
 from baseline_checks import check_step, cleared, threshold_selection, topk_indices
 from checks import check_identical
-from reference import expected_step
 from torch_common import RawGradients
 
 import hvd_sparse
 import hvd_sparse.torch as hs
 from hvd_sparse import ConfigurationError, UnsupportedTensorError
 from hvd_sparse.monitor import StatsLogger, average_rows
+from tests.reference.engine import expected_step
 
 STEPS = 12
 LOG_DIR = sys.argv[1] if len(sys.argv) > 1 else "."
@@ -144,7 +144,7 @@ def check_cleared():
 
 def check_dgc(density: float, momentum: float, clip_norm: float, warmup_epochs: int, steps_per_epoch: int):
     """Momentum correction, clipping, masking and the warm-up k, against a NumPy re-computation."""
-    from baselines_reference import dgc_density
+    from tests.reference.dgc import dgc_density
 
     def check(step, key, raw, applied, old, new, label):
         u = np.zeros_like(raw) if old is None or old["control"]["momentum"] is None \

@@ -1,6 +1,6 @@
 """Worker: stock horovod.torch DistributedOptimizer with hvd_sparse TopK, checked every step.
 
-Run by tests/multiproc/test_horovod.py under horovodrun (Gloo or MPI, 2 or 4 ranks). For each
+Run by tests/multiproc/test_horovod_topk.py under horovodrun (Gloo or MPI, 2 or 4 ranks). For each
 configuration (scope x pattern) it trains a small MLP for STEPS steps and, after every step,
 allgathers every rank's accumulated vector and checks the applied gradient, the new residual and
 error feedback against an independent reference; at the end, that all ranks hold identical

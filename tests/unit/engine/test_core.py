@@ -6,7 +6,6 @@ import warnings
 
 import numpy as np
 import pytest
-from reference import expected_step, topk_indices
 
 from hvd_sparse import ConfigurationError, RankMismatchError, UnsupportedTensorError
 from hvd_sparse.algorithms import SHARED, Algorithm, TopK
@@ -14,6 +13,7 @@ from hvd_sparse.backends import get_backend
 from hvd_sparse.comm import ALLGATHER, Collective
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.reference.engine import expected_step, topk_indices
 
 NP = get_backend("numpy")
 SHAPES = [(12, 9), (9,), (5, 4, 3)]

@@ -12,13 +12,13 @@ from collections.abc import Callable
 import numpy as np
 import pytest
 import torch
-from test_kernels_cpu import cpu_ops, gradients, needs_kernels, same
 
 import hvd_sparse
 from hvd_sparse.algorithms import DEFT, DGC, LAGS, GaussianK, TopK
 from hvd_sparse.backends import base, get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.unit.kernels.test_cpu import cpu_ops, gradients, needs_kernels, same
 
 NP, TB = get_backend("numpy"), get_backend("torch")
 

@@ -5,15 +5,10 @@ dense, and the targets' verdicts. No Horovod job is started here."""
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
-
-import pytest
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import bench_e2e
 import bench_e2e_worker
+import pytest
 
 
 def test_block_order_puts_every_configuration_first_and_last():

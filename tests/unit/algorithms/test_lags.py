@@ -3,16 +3,11 @@ the aggregate and of error feedback per group, the adaptive protocol, the assump
 
 from __future__ import annotations
 
-import json
 import math
-import subprocess
-import sys
 import warnings
-from pathlib import Path
 
 import numpy as np
 import pytest
-from reference import expected_step, topk_indices
 
 from hvd_sparse import ConfigurationError, create
 from hvd_sparse.algorithms import LAGS
@@ -26,12 +21,11 @@ from hvd_sparse.algorithms.lags import (
 )
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm import ALLGATHER, ALLREDUCE
-from hvd_sparse.comm.horovod_torch import AsyncProtocols
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.reference.engine import expected_step, topk_indices
 
 NP = get_backend("numpy")
-REPO = Path(__file__).resolve().parents[2]
 
 
 # --- grouping --------------------------------------------------------------------------------------
@@ -317,54 +311,6 @@ def test_bad_options_name_the_fix(options, message):
         LAGS(0.01, **options)
 
 
-# --- the torch driver's timeline bookkeeping (no Horovod needed) ----------------------------------
-class FakeComm:
-    """Collectives that complete when the test says so."""
-
-    def __init__(self):
-        self.done = set()
-        self.count = 0
-
-    def start(self, collective):
-        self.count += 1
-        return (self.count, collective.tensor)
-
-    def poll(self, handle):
-        return handle[0] in self.done
-
-    def wait(self, handle):
-        self.done.add(handle[0])
-        return handle[1]
-
-
-def test_async_protocols_record_issue_completion_and_waiting():
-    from hvd_sparse.comm import Collective
-
-    def protocol(value):
-        (got,) = yield [Collective(ALLGATHER, f"x{value}", np.array([value]))]
-        return got
-
-    comm = FakeComm()
-    protocols = AsyncProtocols(comm)
-    protocols.start("a", protocol(1))
-    protocols.start("b", protocol(2))
-    protocols.poll()
-    assert protocols.timeline()["a"][1] is None   # not complete yet
-    comm.done.add(1)                              # a's allgather completes during "backward"
-    protocols.poll()
-    seen_a = protocols.timeline()["a"][1]
-    assert seen_a is not None and protocols.timeline()["b"][1] is None
-    protocols.finish_all()
-    assert protocols.results == {"a": np.array([1]), "b": np.array([2])}
-    assert protocols.completed_at["a"] == seen_a  # completion is when it was seen, not the wait
-    assert protocols.completed_at["b"] >= seen_a
-    assert protocols.wait_seconds >= 0
-    span = max(protocols.completed_at.values()) - min(protocols.issued_at.values())
-    assert protocols.inflight_seconds() == pytest.approx(span)
-    protocols.clear()
-    assert protocols.timeline() == {} and protocols.wait_seconds == 0
-
-
 # --- the assumption check (docs/algorithms.md#assumption-check) -----------------------------------------
 def test_assumption_delta_hand_worked():
     # d = 4, k = 1: top-k keeps 16 of 25, error 9; random-k expected error (1 - 1/4) * 25 = 18.75
@@ -391,22 +337,3 @@ def test_assumption_monitor_is_the_ratio_of_means():
     assert monitor.steps == 2
     monitor.reset()
     assert monitor.delta() == {}
-
-
-def test_assumption_script_writes_json_and_plot(tmp_path):
-    pytest.importorskip("torch")
-    pytest.importorskip("sklearn")
-    out, plot = tmp_path / "delta.json", tmp_path / "delta.png"
-    result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "lags_assumption.py"), "--epochs", "2", "--max-steps", "4",
-         "--workers", "2", "--out", str(out), "--plot", str(plot)],
-        capture_output=True, text=True, timeout=240, check=False, cwd=REPO)
-    assert result.returncode == 0, result.stdout + result.stderr[-3000:]
-    report = json.loads(out.read_text())
-    assert len(report["epochs"]) == 2 and report["workers"] == 2
-    layers = report["layers"]
-    assert layers and all(name in report["epochs"][-1]["delta"] for name in layers)
-    assert all(0 < d < 2 for d in report["epochs"][-1]["delta"].values())
-    assert "delta" in result.stdout
-    if report.get("plot"):
-        assert plot.stat().st_size > 0

@@ -1,5 +1,5 @@
 """DEFT (docs/algorithms.md#deft): its control decisions against hand-worked cases and properties, and
-whole steps on N simulated ranks against the independent reference in tests/reference_deft.py."""
+whole steps on N simulated ranks against the independent reference in tests/reference/deft.py."""
 
 from __future__ import annotations
 
@@ -9,7 +9,6 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from reference_deft import deft_step
 
 import hvd_sparse
 from hvd_sparse import ConfigurationError
@@ -28,6 +27,7 @@ from hvd_sparse.algorithms.deft import (
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.reference.deft import deft_step
 
 NP = get_backend("numpy")
 

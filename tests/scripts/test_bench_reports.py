@@ -3,14 +3,10 @@ and one tiny real run through each script's own summarising code."""
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
-
 import pytest
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("sklearn")
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "scripts"))
 
 import convergence  # noqa: E402
 import fidelity  # noqa: E402

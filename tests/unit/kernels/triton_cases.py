@@ -1,5 +1,5 @@
 """Cases for the Triton kernels (hvd_sparse.kernels.triton): the reference path's results, bit
-for bit. Collected by tests/unit/test_triton_kernels.py, which runs them on CUDA tensors where a
+for bit. Collected by tests/unit/kernels/test_triton.py, which runs them on CUDA tensors where a
 GPU is present and otherwise in Triton's interpreter (TRITON_INTERPRET=1, CPU tensors) in a
 child pytest, since Triton must be imported with that variable set and it must stay set while
 interpreted kernels run. Blocks are shrunk so that a few thousand elements span many blocks,
@@ -19,13 +19,12 @@ import torch
 INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 if not INTERPRETED and not torch.cuda.is_available():
     raise RuntimeError("the Triton kernel cases need a CUDA GPU or TRITON_INTERPRET=1 set before "
-                       "Triton is imported (tests/unit/test_triton_kernels.py sets it)")
+                       "Triton is imported (tests/unit/kernels/test_triton.py sets it)")
 
 import hvd_sparse.kernels.triton as kt  # noqa: E402
-from hvd_sparse.kernels.triton import _common as common  # noqa: E402
-
 from hvd_sparse import kernels  # noqa: E402
 from hvd_sparse.backends.torch_backend import TorchBackend  # noqa: E402
+from hvd_sparse.kernels.triton import _common as common  # noqa: E402
 
 DEVICE = "cpu" if INTERPRETED else "cuda"
 MODULE = "hvd_sparse.kernels.triton"

@@ -1,4 +1,4 @@
-"""The Triton kernels give the reference path's results bit for bit (cases: tests/triton_cases.py).
+"""The Triton kernels give the reference path's results bit for bit (cases: triton_cases.py here).
 
 * On a GPU (TRITON_INTERPRET unset): the cases run here, compiled, on CUDA tensors.
 * With TRITON_INTERPRET=1 in the environment: the cases run here, in Triton's interpreter.
@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 torch = pytest.importorskip("torch")
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # tools/install.sh installs Triton outside the venv's site-packages: loaded into a process that
 # already holds TensorFlow, Triton's native library crashes it (and torch imports Triton whenever
 # it can find it), so only the child processes below see it.
@@ -53,7 +53,7 @@ INTERPRETED = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 HAS_TRITON = importlib.util.find_spec("triton") is not None
 
 if HAS_TRITON and (INTERPRETED or torch.cuda.is_available()):
-    from triton_cases import *  # noqa: F403  (the cases, collected here)
+    from tests.unit.kernels.triton_cases import *  # noqa: F403  (the cases, collected here)
 
 if HAS_TRITON and not INTERPRETED:
     TYPES = {torch.float16: "*fp16", torch.bfloat16: "*bf16", torch.float32: "*fp32",

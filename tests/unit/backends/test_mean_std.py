@@ -165,9 +165,8 @@ def selections(algorithm, x: np.ndarray) -> dict[str, np.ndarray]:
 def test_gaussiank_refinement_matches_the_mask_reference_on_every_path(variant, data):
     """The refinement (kept candidates implicit while they are the whole vector less those kept)
     against the mask form of the authors' loop, with μ and σ of the exact definition."""
-    from baselines_reference import gaussiank_original, gaussiank_rescale
-
     from hvd_sparse.algorithms import GaussianK
+    from tests.reference.gaussiank import gaussiank_original, gaussiank_rescale
 
     rng = np.random.default_rng(len(data))
     n = 20_000

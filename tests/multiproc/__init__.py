@@ -1,0 +1,1 @@
+"""Real Horovod jobs started with horovodrun or mpirun (marked ``multiproc``)."""

@@ -1,0 +1,1 @@
+"""One test module per method module of hvd_sparse/algorithms."""

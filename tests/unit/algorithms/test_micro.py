@@ -1,0 +1,134 @@
+"""MiCRO (hvd_sparse/algorithms/micro.py): its pure rules (equal partitions, their rotation, the
+initial threshold, the paper's scaling rule and the tracking controller, the imbalance metric, the
+refusal of models smaller than the job), the single-rank case and a short simulated run without
+build-up. What MiCRO shares with ExDyna on simulated ranks is in test_exdyna.py."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from hvd_sparse import ConfigurationError
+from hvd_sparse.algorithms import MiCRO
+from hvd_sparse.algorithms.micro import (
+    CREEP,
+    DEAD,
+    LOWER,
+    RAISE,
+    TRACKING_BIAS_RATE,
+    TRACKING_MAX_FACTOR,
+    equal_chunks,
+    imbalance,
+    initial_threshold,
+    owned_partition,
+    owner_of,
+    paper_factor,
+    rank_counts,
+    refuse_fewer_entries_than_ranks,
+    tracking_factor,
+)
+from hvd_sparse.backends import get_backend
+from hvd_sparse.comm.local import LocalGroup
+from hvd_sparse.engine import Engine
+
+NP = get_backend("numpy")
+
+
+# --- partitions (docs/algorithms.md#micro) --------------------------------------------------------
+@pytest.mark.parametrize(("n", "size"), [(10, 3), (7, 7), (5, 1), (1001, 4), (64, 64)])
+def test_equal_chunks_tile_the_vector_and_differ_by_at_most_one(n, size):
+    bounds = equal_chunks(n, size)
+    lengths = np.diff(bounds)
+    assert bounds[0] == 0 and bounds[-1] == n and len(bounds) == size + 1
+    assert lengths.max() - lengths.min() <= 1 and lengths.min() >= 1
+    assert np.all(lengths[: n % size] == n // size + 1)   # the longer chunks come first
+
+
+def test_a_model_smaller_than_the_job_is_refused_naming_the_fix():
+    refuse_fewer_entries_than_ranks("MiCRO", 4, 4)   # one entry per rank is enough
+    with pytest.raises(ConfigurationError, match=r"the model has 3, the job 4 ranks; use a larger model"):
+        refuse_fewer_entries_than_ranks("MiCRO", 3, 4)
+
+
+# --- rotation (docs/algorithms.md#rotation-mapping) ----------------------------------------------
+def test_rank_owns_partition_t_plus_r_and_counts_map_back():
+    size = 5
+    for step in range(12):
+        owners = [owned_partition(r, step, size) for r in range(size)]
+        assert owners == [(step + r) % size for r in range(size)]
+        assert sorted(owners) == list(range(size))
+        assert all(owner_of(owned_partition(r, step, size), step, size) == r for r in range(size))
+        per_partition = np.arange(10, 10 + size)
+        per_rank = rank_counts(per_partition, step)
+        assert [per_rank[r] for r in range(size)] == [per_partition[(step + r) % size] for r in range(size)]
+
+
+# --- the threshold rule (docs/algorithms.md#threshold-scaling) -----------------------------------
+def test_initial_threshold_is_one_over_two_sqrt_k():
+    assert initial_threshold(1) == 0.5
+    assert initial_threshold(100) == pytest.approx(0.05)
+    assert MiCRO(0.01).k(10_000) == 100
+
+
+def test_paper_threshold_factor_and_its_dead_branch():
+    k = 1000
+    assert paper_factor(1101, k) == RAISE
+    assert paper_factor(1100, k) == CREEP          # K/k = 1.1 exactly is inside the band
+    assert paper_factor(1000, k) == CREEP
+    assert paper_factor(910, k) == CREEP           # 0.91 > 0.909
+    assert paper_factor(909, k) == LOWER           # K/k = 0.909 exactly is below
+    assert paper_factor(950, k) == CREEP           # raises even below target: docs/algorithms.md#dead-branch
+    assert paper_factor(950, k, band="symmetric") == DEAD
+    assert paper_factor(1050, k, band="symmetric") == CREEP
+
+
+def test_single_rank_counts_its_own_selection():
+    """With one rank K_prev is its count, so λ does not decay forever (docs/algorithms.md#single-rank)."""
+    engine = Engine(MiCRO(0.1), NP, 0, 1)
+    rng = np.random.default_rng(0)
+    for _ in range(200):   # λ0 = 0.05 is far below |g| ~ 1: K/k stays > 1.1, λ rises 0.5% a step
+        LocalGroup(1).run([engine.step("model", [rng.standard_normal(1000).astype(np.float32)])])
+    assert engine.stats()["next_threshold"] == pytest.approx(initial_threshold(100) * RAISE**200)
+
+
+# --- the tracking controller (docs/algorithms.md#tracking-controller) -----------------------------
+def test_tracking_factor_hand_worked():
+    # At λ/c twice the entries of λ·c, c = √2: slope α = ln 4 / (2 ln √2) = 2; K = 2k with bias 1
+    # gives the damped Newton step 2^(0.5/2), and the outer loop lowers the bias by e^(-0.05).
+    factor, bias = tracking_factor(2000, 1000, below=0.02, above=0.005, bias=1.0)
+    assert factor == pytest.approx(2 ** 0.25)
+    assert bias == pytest.approx(math.exp(-TRACKING_BIAS_RATE))
+    # On target with no bias to correct: λ and the bias stay.
+    assert tracking_factor(1000, 1000, below=0.02, above=0.005, bias=1.0) == pytest.approx((1.0, 1.0))
+
+
+def test_tracking_factor_is_clipped():
+    # Flat counts (slope clipped to 0.5) would move λ by K/k itself: at most 4x either way, and
+    # the outer loop's error is clipped to [-1, 8].
+    factor, bias = tracking_factor(10**9, 10, below=0.5, above=0.5, bias=1.0)
+    assert factor == TRACKING_MAX_FACTOR
+    assert bias == pytest.approx(math.exp(-8 * TRACKING_BIAS_RATE))
+    factor, bias = tracking_factor(1, 10**6, below=0.5, above=0.5, bias=1.0)
+    assert factor == 1 / TRACKING_MAX_FACTOR
+    assert bias == pytest.approx(math.exp(TRACKING_BIAS_RATE))
+
+
+# --- metrics and a short run ------------------------------------------------------------------------
+def test_imbalance_is_the_padding_waste():
+    assert imbalance(np.array([5, 5, 5, 5])) == 0.0
+    assert imbalance(np.array([8, 0, 0, 0])) == 3.0   # 4 x 8 slots for 8 entries
+    assert imbalance(np.array([0, 0])) == 0.0
+
+
+def test_a_short_simulated_run_has_no_buildup_and_one_threshold():
+    sim = pytest.importorskip("hvd_sparse.sim")
+    pytest.importorskip("sklearn")
+    records = sim.simulate(MiCRO(0.01), 4, 30, task="digits-mlp")
+    assert len(records) == 30
+    for record in records:
+        assert record["union"] == sum(record["counts"]) and len(record["counts"]) == 4
+        assert record["buildup"] == pytest.approx(record["union"] / record["k"])
+        assert isinstance(record["threshold"], float)   # one λ, the same on every rank
+    assert records[0]["threshold"] == pytest.approx(initial_threshold(records[0]["k"]))

@@ -1,0 +1,57 @@
+"""The PyTorch Horovod driver (hvd_sparse/comm/horovod_torch.py): the timeline bookkeeping of
+asynchronous protocols (issue, completion, waiting) that LAGS profiles with; no Horovod needed."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_sparse.comm import ALLGATHER
+from hvd_sparse.comm.horovod_torch import AsyncProtocols
+
+
+class FakeComm:
+    """Collectives that complete when the test says so."""
+
+    def __init__(self):
+        self.done = set()
+        self.count = 0
+
+    def start(self, collective):
+        self.count += 1
+        return (self.count, collective.tensor)
+
+    def poll(self, handle):
+        return handle[0] in self.done
+
+    def wait(self, handle):
+        self.done.add(handle[0])
+        return handle[1]
+
+
+def test_async_protocols_record_issue_completion_and_waiting():
+    from hvd_sparse.comm import Collective
+
+    def protocol(value):
+        (got,) = yield [Collective(ALLGATHER, f"x{value}", np.array([value]))]
+        return got
+
+    comm = FakeComm()
+    protocols = AsyncProtocols(comm)
+    protocols.start("a", protocol(1))
+    protocols.start("b", protocol(2))
+    protocols.poll()
+    assert protocols.timeline()["a"][1] is None   # not complete yet
+    comm.done.add(1)                              # a's allgather completes during "backward"
+    protocols.poll()
+    seen_a = protocols.timeline()["a"][1]
+    assert seen_a is not None and protocols.timeline()["b"][1] is None
+    protocols.finish_all()
+    assert protocols.results == {"a": np.array([1]), "b": np.array([2])}
+    assert protocols.completed_at["a"] == seen_a  # completion is when it was seen, not the wait
+    assert protocols.completed_at["b"] >= seen_a
+    assert protocols.wait_seconds >= 0
+    span = max(protocols.completed_at.values()) - min(protocols.issued_at.values())
+    assert protocols.inflight_seconds() == pytest.approx(span)
+    protocols.clear()
+    assert protocols.timeline() == {} and protocols.wait_seconds == 0
