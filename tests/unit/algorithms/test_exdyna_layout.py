@@ -9,7 +9,14 @@ import json
 import pickle
 
 import pytest
-from fixtures.exdyna_state_v1 import (
+
+from hvd_sparse import ConfigurationError
+from hvd_sparse.algorithms import DEFT, ExDyna, MiCRO, TopK
+from hvd_sparse.algorithms.base import Algorithm
+from hvd_sparse.algorithms.exdyna import BlockLayout
+from hvd_sparse.algorithms.micro import ExclusiveControl
+from hvd_sparse.engine import Engine
+from tests.fixtures.exdyna_state_v1 import (
     FIXTURE,
     METHODS,
     NUMEL,
@@ -21,13 +28,6 @@ from fixtures.exdyna_state_v1 import (
     engines,
     run,
 )
-
-from hvd_sparse import ConfigurationError
-from hvd_sparse.algorithms import DEFT, ExDyna, MiCRO, TopK
-from hvd_sparse.algorithms.base import Algorithm
-from hvd_sparse.algorithms.exdyna import BlockLayout
-from hvd_sparse.algorithms.micro import ExclusiveControl
-from hvd_sparse.engine import Engine
 
 
 @pytest.fixture(scope="module")
