@@ -50,6 +50,16 @@ def library() -> ctypes.CDLL:
     return _library
 
 
+def value_index_types() -> list[tuple]:
+    """(value dtype, its C suffix, index dtype, its C suffix) of every value/index pair the
+    library's index-taking functions are instantiated for (``hvd_sparse_<op>_f32_i32`` ...)."""
+    import torch  # here, not at import: _library is loaded by the ops that need torch anyway
+
+    return [(value, v, index, i)
+            for value, v in ((torch.float32, "f32"), (torch.float64, "f64"))
+            for index, i in ((torch.int32, "i32"), (torch.int64, "i64"))]
+
+
 def bind(name: str, restype, argtypes: list) -> ctypes._CFuncPtr:
     """The library's function ``name`` with its C signature declared."""
     try:

@@ -12,12 +12,10 @@ import ctypes
 
 import torch
 
-from ._library import bind
+from ._library import bind, value_index_types
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-_TYPES = [(value, v, index, i)
-          for value, v in ((torch.float32, "f32"), (torch.float64, "f64"))
-          for index, i in ((torch.int32, "i32"), (torch.int64, "i64"))]
+_TYPES = value_index_types()
 _ZERO = {(value, index): bind(f"hvd_sparse_zero_at_{v}_{i}", ctypes.c_int, [_ptr, _i64, _ptr, _i64])
          for value, v, index, i in _TYPES}
 _PUT = {(value, index): bind(f"hvd_sparse_put_at_{v}_{i}", ctypes.c_int, [_ptr, _i64, _ptr, _i64, _i64, _ptr])

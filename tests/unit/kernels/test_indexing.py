@@ -4,39 +4,17 @@ reference ops, bit for bit, for both index dtypes; an invalid index raises and w
 
 from __future__ import annotations
 
-import warnings
-
 import numpy as np
 import pytest
 import torch
 
-from hvd_sparse import kernels
 from hvd_sparse.backends import get_backend
+from tests.unit.kernels.test_cpu import cpu_ops, needs_kernels
+from tests.unit.kernels.test_topk import reference
 
 TB = get_backend("torch")
 VALUES = [torch.float32, torch.float64]
 INDICES = [torch.int32, torch.int64]
-
-needs_kernels = pytest.mark.skipif(kernels.mode() == "off", reason="HVD_SPARSE_KERNELS=off run: "
-                                   "the reference path alone (the kernel comparisons run by default)")
-
-
-def cpu_ops():
-    kernels._forget()
-    with warnings.catch_warnings():
-        warnings.simplefilter("error")
-        ops = kernels.ops_for(torch.zeros(1))
-    assert ops is not None, "kernels off in this run"
-    return ops
-
-
-def reference(function, *args):
-    previous = kernels.mode()
-    kernels.set_mode("off")
-    try:
-        return function(*args)
-    finally:
-        kernels.set_mode(previous)
 
 
 def sample(n: int, count: int, value_dtype, index_dtype, seed: int = 0):
