@@ -189,3 +189,20 @@ def test_gloo_neighbour_alltoall_carries_data_to_two_peers_only():
         for rank in range(size):
             splits = neighbour_splits(rank, size, 2)
             assert sum(1 for s in splits if s) == 2 and sum(splits) == 4
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (0,)])
+def test_tensorflow_placeholder_is_not_a_constant(shape):
+    """What Horovod allreduces in a gradient's place must not be a constant: Grappler's constant
+    folding runs a Horovod collective on constant inputs while it optimizes the traced step, so a
+    worker joining an elastic job (optimizing alone) waited there for ever."""
+    tf = pytest.importorskip("tensorflow")
+    from hvd_sparse.tensorflow.compressor import _placeholder
+
+    @tf.function
+    def placeholder(gradient):
+        out = _placeholder(gradient, tf.float32)
+        assert tf.get_static_value(out) is None
+        return out
+
+    assert placeholder(tf.ones(shape, tf.float16)).shape == (1,)
