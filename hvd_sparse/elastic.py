@@ -24,7 +24,8 @@ The calls, as Horovod 0.28.1's ``hvd.elastic.run`` makes them (``horovod/common/
   in the committed residual: nothing is applied twice, nothing lost.
 * ``sync`` (after every reset and at the start, on every rank, newcomers included): rank 0's
   rank-independent state is broadcast and adopted at the new rank and world size; one allreduce
-  names the ranks that left since the last commit.
+  names the ranks that left since the last commit. In a running job the face checks its
+  configuration here too (``FaceBase._agree_at_sync``), where newcomers and survivors meet.
 * ``reset`` (a reset that Horovod does not follow with ``sync``: only hosts removed): every process
   is a survivor of the same commit, so each adopts its own rank-independent state at the new rank
   and size, without a message; departed ranks are accounted at the next commit.
@@ -102,6 +103,7 @@ class ElasticCompressor:
         self._resume, self._counted = None, False
         if shared is None:
             return
+        self.face._agree_at_sync()
         engine.adopt(shared["agreed"], None if own is None else _residuals(own))
         self.resets = shared["resets"]
         norms = shared["norms"]

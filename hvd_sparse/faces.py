@@ -72,6 +72,12 @@ class FaceBase:
     def _forget_step(self) -> None:
         """Drop whatever the face keeps about a step in flight (an elastic reset abandons it)."""
 
+    def _agree_at_sync(self) -> None:
+        """Called on every process, at the same point, by an elastic ``sync`` that continues a
+        running job (newcomers and survivors alike): a face whose configuration check would
+        otherwise run where only some processes are (TensorFlow: while tracing) runs it here.
+        The engine's own checks need nothing: every process rebuilds its engine at a reset."""
+
     # --- elastic Horovod (hvd_sparse/elastic.py) ------------------------------------------------------
     def _drop_engine(self) -> None:
         self._engine = None

@@ -60,6 +60,16 @@ def _root_graph() -> Any:
     return graph
 
 
+def _placeholder(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
+    """What Horovod allreduces in a gradient's place (its result is only waited for): one number
+    read from the gradient. Not a constant: Grappler's constant folding would run Horovod's
+    allreduce of a constant while it optimizes the traced function, a collective outside any
+    step that only processes optimizing at that moment meet in -- a worker that joins an elastic
+    job later would wait there for ever."""
+    first = tf.reshape(tensor, [-1])[:1]
+    return tf.cast(tf.reduce_sum(first, keepdims=True), dtype)
+
+
 class SparseCompressor(FaceBase, Compressor):
     """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``); the
     options are FaceBase's (hvd_sparse/faces.py)."""
@@ -89,7 +99,7 @@ class SparseCompressor(FaceBase, Compressor):
         trace = self._trace()
         check_gradient_dtype(getattr(tensor, "name", f"g{len(trace.stash)}"), tensor.dtype.name)
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else tf.float32
-        placeholder = tf.zeros([1], dtype=dtype)
+        placeholder = _placeholder(tensor, dtype)
         if self.algorithm.scope == TENSOR:  # works whatever Horovod's grouping
             key = f"g{len(trace.stash)}"
             trace.stash.append(tensor)
@@ -124,11 +134,21 @@ class SparseCompressor(FaceBase, Compressor):
         engine = self._ensure_engine()
         if not self._config_checked:
             self._config_checked = True
-            self._run_at_trace_time(engine.agree_on_config(None))
+            self._run_out_of_graph(engine.agree_on_config(None))
 
-    def _run_at_trace_time(self, protocol: Any) -> None:
-        """Run a protocol eagerly and blocking while a graph is traced (out of the graph); in
-        TF1-style graph mode there is no eager context: the engine's first step checks instead."""
+    def _agree_at_sync(self) -> None:
+        """An elastic job that grows: the survivors' steps were traced before the reset, a
+        newcomer traces its own now, so a check made while tracing would be a collective that
+        only the newcomer issues (and, eager collectives being matched by order, it would meet
+        the survivors' step). From the first sync of a running job on, every process checks the
+        method and options here instead, and a whole-model bucket's layout at its first step
+        (the engine's own check, every engine being new after a reset)."""
+        self._config_checked = self._layout_checked = True
+        self._run_out_of_graph(self._ensure_engine().agree_on_config(None))
+
+    def _run_out_of_graph(self, protocol: Any) -> None:
+        """Run a protocol eagerly and blocking, also while a graph is traced; in TF1-style graph
+        mode there is no eager context: the engine's first step checks instead."""
         with tf.init_scope():
             if tf.executing_eagerly():
                 run_blocking(protocol, self._comm.execute)
@@ -168,7 +188,7 @@ class SparseCompressor(FaceBase, Compressor):
             self._layout_checked = True
             layout = [(key, None if g.shape.rank is None else tuple(g.shape.as_list()), g.dtype.name)
                       for key, g in zip(keys, grads, strict=True)]
-            self._run_at_trace_time(self._engine.agree_on_config(layout))
+            self._run_out_of_graph(self._engine.agree_on_config(layout))
         plan = self.algorithm.plan(keys, [g.shape.num_elements() for g in grads])
         position = {key: i for i, key in enumerate(keys)}
         outputs: list = [None] * len(grads)

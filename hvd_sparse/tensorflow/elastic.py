@@ -19,7 +19,9 @@ import functools
 from collections.abc import Callable
 from typing import Any
 
+import horovod.tensorflow as hvd
 import tensorflow as tf
+from horovod.common.elastic import run_fn
 from horovod.common.exceptions import HorovodInternalError
 from horovod.tensorflow import elastic as horovod_elastic
 from horovod.tensorflow.functions import broadcast_object
@@ -78,14 +80,18 @@ class TensorFlowState(_WithCompression, horovod_elastic.TensorFlowState):
 
 
 def run(func: Callable) -> Callable:
-    """``hvd.elastic.run`` for TensorFlow that also recovers from a failed grouped allreduce.
+    """``hvd.elastic.run`` for TensorFlow that recovers from a failed grouped allreduce and lets
+    every other error through.
 
     Horovod 0.28.1's TensorFlow wrapper turns an ``UnknownError`` into ``HorovodInternalError``
     (rollback and reset) only when its message names HorovodAllreduce, HorovodAllgather or
-    HorovodBroadcast, and swallows any other: the run function then returns as if training had
-    ended. A worker's death is reported by whichever Horovod op was in flight -- with whole-model
-    methods (``num_groups=1``) often HorovodGroupedAllreduce. This wrapper treats every
-    ``UnknownError`` that names a Horovod op as ``HorovodInternalError`` first."""
+    HorovodBroadcast, and swallows any other: the run function then returns None as if training
+    had ended. A worker's death is reported by whichever Horovod op was in flight -- with
+    whole-model methods (``num_groups=1``) often HorovodGroupedAllreduce -- and an error raised
+    inside the compressor's ``tf.py_function`` (ranks that disagree, ``nonfinite="raise"``) is an
+    ``UnknownError`` too. This runs Horovod's elastic loop (``run_fn``, with its TensorFlow reset)
+    around a wrapper that treats every ``UnknownError`` naming a Horovod op as
+    ``HorovodInternalError`` and raises any other."""
 
     @functools.wraps(func)
     def wrapper(state: Any, *args: Any, **kwargs: Any) -> Any:
@@ -96,7 +102,13 @@ def run(func: Callable) -> Callable:
                 raise HorovodInternalError(error) from error
             raise
 
-    return horovod_elastic.run(wrapper)
+    return run_fn(wrapper, _restart_horovod)
+
+
+def _restart_horovod() -> None:
+    """Horovod's TensorFlow reset between elastic rounds: a new Horovod for the new world."""
+    hvd.shutdown()
+    hvd.init()
 
 
 __all__ = ["TensorFlowKerasState", "TensorFlowState", "run"]

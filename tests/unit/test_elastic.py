@@ -150,3 +150,20 @@ def test_neighbour_mode_after_a_resume_owns_partition_t_plus_r():
     stats = run_step(new, gradients(rng, 3), algorithm)
     starts = [s["own_partition"][0] for s in stats]
     assert starts.index(0) == (0 - 7) % 3   # partition 0 is owned by rank (0 - t) mod N
+
+
+@pytest.mark.parametrize("shape", [(3, 4), (0,)])
+def test_tensorflow_placeholder_is_not_a_constant(shape):
+    """What Horovod allreduces in a gradient's place must not be a constant: Grappler's constant
+    folding runs a Horovod collective on constant inputs while it optimizes the traced step, so a
+    worker joining an elastic job (optimizing alone) waited there for ever."""
+    tf = pytest.importorskip("tensorflow")
+    from hvd_sparse.tensorflow.compressor import _placeholder
+
+    @tf.function
+    def placeholder(gradient):
+        out = _placeholder(gradient, tf.float32)
+        assert tf.get_static_value(out) is None
+        return out
+
+    assert placeholder(tf.ones(shape, tf.float16)).shape == (1,)

@@ -15,7 +15,6 @@ polls the discovery script, and the workers see the change at their next ``commi
 
 Between a hosts-file change and the reset, workers only commit (and sleep), so every run trains the
 same number of steps. ``--static`` runs the same steps without any change (the reference run).
-``HVD_SPARSE_ELASTIC_GROW=0`` starts on 3 ranks (no growth: TensorFlow cannot grow yet, README).
 """
 
 from __future__ import annotations
@@ -27,8 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
-GROW = int(os.environ.get("HVD_SPARSE_ELASTIC_GROW", "8"))   # 0: start at 3 ranks
-KILL, SHRINK, END = 16, 24, 32
+GROW, KILL, SHRINK, END = 8, 16, 24, 32
 COMMIT_EVERY = 3
 VICTIM_HOST = "127.0.0.1"
 N_IN, N_HIDDEN, N_OUT = 16, 24, 4

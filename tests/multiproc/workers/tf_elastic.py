@@ -32,7 +32,7 @@ from elastic_common import (
 from tf_common import LOSS, tape_step
 
 import hvd_sparse.tensorflow as hs
-from hvd_sparse.tensorflow.elastic import TensorFlowKerasState, run
+from hvd_sparse.tensorflow.elastic import TensorFlowKerasState, TensorFlowState, run
 
 METHODS = {
     "exdyna": lambda: hs.ExDyna(0.05, prefix="hs.exdyna"),
@@ -52,15 +52,37 @@ def make_part(method: str, optimizer):
     return model, compression, train_step
 
 
+def error_surfaces() -> None:
+    """An error raised inside a step's py_function (an UnknownError naming no Horovod op) leaves
+    the run function as it is: Horovod's own TensorFlow wrapper would return None instead."""
+    def fail(_):
+        raise RuntimeError("raised inside the step")
+
+    @run
+    def train(state):
+        tf.py_function(fail, [tf.constant(0.0)], Tout=tf.float32)
+        return "returned"
+
+    try:
+        outcome = train(TensorFlowState([tf.Variable([0.0])], step=0))
+    except tf.errors.UnknownError as error:
+        outcome = f"raised {type(error).__name__}"
+    print(f"OUTCOME {outcome}", flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", required=True)
     parser.add_argument("--methods", default=",".join(METHODS))
     parser.add_argument("--static", action="store_true")
+    parser.add_argument("--fail", action="store_true", help="only check that an error surfaces")
     args = parser.parse_args()
     stacks = open(f"{args.dir}/stacks.{os.getpid()}", "w")  # noqa: SIM115  (open for the process's life)
     faulthandler.register(signal.SIGUSR1, file=stacks)   # stacks on demand, should a job ever hang
     hvd.init()
+    if args.fail:
+        error_surfaces()
+        return
     methods = args.methods.split(",")
     optimizer = tf.keras.optimizers.SGD(0.5)   # no slots: one optimizer serves every model
     parts = {method: make_part(method, optimizer) for method in methods}
