@@ -39,6 +39,7 @@ from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer
 
 VARIANTS = ("original", "rescale")
 _DEFAULT_LOOPS = {"original": 100, "rescale": 3}
+RESCALE_AHEAD = 3   # loops of "rescale" one read of a decides: 2 + 4 probe counts
 
 
 @dataclass
@@ -51,6 +52,16 @@ def strictly_above(threshold: float, dtype: str) -> float:
     ``x >= strictly_above(t)`` is ``x > t`` as a framework compares a tensor with a Python float."""
     t = np.dtype(dtype).type(threshold)
     return float(np.nextafter(t, np.dtype(dtype).type(np.inf)))
+
+
+def rescale_tree(threshold: float, levels: int) -> list[float]:
+    """The thresholds the "rescale" loop can try in its next ``levels`` loops from ``threshold``,
+    as a heap: entry i is followed by entry 2i + 1 (too few: ×0.5) or 2i + 2 (too many: ×1.5)."""
+    tree = [threshold]
+    while len(tree) < 2 ** levels - 1:
+        i = len(tree)
+        tree.append(tree[(i - 1) // 2] * (0.5 if i % 2 else 1.5))
+    return tree
 
 
 class GaussianK(Algorithm):
@@ -87,15 +98,27 @@ class GaussianK(Algorithm):
     def init_control(self, ctx: StepContext) -> GaussianControl:
         return GaussianControl()
 
+    def accumulate_select(self, residual: Any, tensors: list, control: GaussianControl, ctx: StepContext,
+                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
+        """Error feedback with μ and σ taken in the accumulating pass (``Backend.accumulate_moments``),
+        then the selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the
+        same decisions."""
+        acc, moments, finite = ctx.backend.accumulate_moments(residual, tensors, clear_inputs, check_finite)
+        if not finite:
+            return acc, None, False
+        return acc, self._select(acc, *moments, control, ctx), True
+
     def select_local(self, acc: Any, control: GaussianControl, ctx: StepContext) -> Any:
-        b = ctx.backend
+        return self._select(acc, *ctx.backend.mean_std(acc), control, ctx)
+
+    def _select(self, acc: Any, mean: float, std: float, control: GaussianControl, ctx: StepContext) -> Any:
         k = self.k(ctx.numel)
-        mean, std = b.mean_std(acc)
         threshold = self.initial_threshold(mean, std)
+        dtype = ctx.backend.dtype_name(acc)
         if self.variant == "rescale":
-            idx, threshold = self._rescale(acc, threshold, k, b.dtype_name(acc), ctx)
+            idx, threshold = self._rescale(acc, threshold, k, dtype, ctx)
         else:
-            idx, threshold = self._original(acc, threshold, k, b.dtype_name(acc), ctx)
+            idx, threshold = self._original(acc, threshold, k, dtype, ctx)
         control.threshold = threshold
         return idx
 
@@ -112,7 +135,9 @@ class GaussianK(Algorithm):
         last_too_many = False
         for _ in range(self.max_loops):
             least = strictly_above(threshold, dtype)
-            if candidates is None:
+            if candidates is None and kept_from is not None and not least < kept_from:
+                above = b.arange(0, 0, like=acc)   # λ rounds to where it was (0): none left, no read
+            elif candidates is None:
                 above = b.select_at_least(acc, 0, ctx.numel, least)[0]
                 if kept_from is not None:   # drop those kept earlier: |a| < kept_from, as -|a| > -kept_from
                     below = b.scale(b.abs(b.take(acc, above)), -1.0)
@@ -152,18 +177,34 @@ class GaussianK(Algorithm):
         return b.concat(kept), threshold
 
     def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext) -> tuple[Any, float]:
-        def above(t: float) -> Any:   # |a| > t, read off a itself
-            return ctx.backend.select_at_least(acc, 0, ctx.numel, strictly_above(t, dtype))[0]
-        for _ in range(self.max_loops):
-            idx = above(threshold)
-            count = ctx.backend.numel(idx)
-            if count < 2 * k / 3:
-                threshold *= 0.5
-            elif count > 4 * k / 3:
-                threshold *= 1.5
-            else:
-                return idx, threshold   # the last count's entries: no further read
-        return above(threshold), threshold
+        """The loop above, read off ``a`` in passes that each decide up to RESCALE_AHEAD loops: a
+        pass selects |a| > λ and counts |a| > t for every t the next loops can reach from λ (the
+        tree of λ·0.5 and λ·1.5, each computed as the loop computes it); the counts then walk the
+        loop. The loop stops at λ (its entries are in hand), at a later t (one more pass selects
+        there), or runs out of loops (likewise)."""
+        b = ctx.backend
+        loops = self.max_loops
+        while True:
+            ahead = min(loops, RESCALE_AHEAD)
+            tree = rescale_tree(threshold, ahead)
+            idx, counts = b.select_at_least(acc, 0, ctx.numel, strictly_above(threshold, dtype),
+                                            [strictly_above(t, dtype) for t in tree[1:]])
+            node = 0
+            for _ in range(ahead):
+                count = b.numel(idx) if node == 0 else round(counts[node - 1])
+                if count < 2 * k / 3:
+                    node, threshold = 2 * node + 1, threshold * 0.5
+                elif count > 4 * k / 3:
+                    node, threshold = 2 * node + 2, threshold * 1.5
+                elif node == 0:
+                    return idx, threshold   # this pass's entries: no further read
+                else:
+                    break
+            if node == 0:   # no loop left
+                return idx, threshold
+            loops -= ahead
+            if node < len(tree):   # stopped at a counted λ: one more pass selects there
+                return b.select_at_least(acc, 0, ctx.numel, strictly_above(threshold, dtype))[0], threshold
 
     def control_stats(self, control: GaussianControl) -> dict:
         return {} if control.threshold is None else {"threshold": control.threshold}

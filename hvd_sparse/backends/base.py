@@ -192,6 +192,24 @@ class Backend:
         acc = self.accumulate(residual, tensors, clear_inputs)
         return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
 
+    def accumulate_moments(self, residual: Array, tensors: list[Array], clear_inputs: bool = False,
+                           check_finite: bool = False) -> tuple[Array, tuple[float, float] | None, bool]:
+        """``accumulate`` then ``mean_std`` of the result: (accumulated vector, (mean, std), True);
+        a kernel takes the moments in the accumulating pass (Gaussian-k). With ``check_finite``
+        the inputs are first checked: when one holds NaN/Inf nothing is written and
+        (residual, None, False) comes back."""
+        if check_finite and not self.tensors_finite(tensors):
+            return residual, None, False
+        acc = self.accumulate(residual, tensors, clear_inputs)
+        return acc, self.mean_std(acc), True
+
+    def accumulate_norms(self, residual: Array, tensors: list[Array], lengths: list[int]
+                         ) -> tuple[Array, np.ndarray]:
+        """``accumulate`` then ``segment_norms`` of the result: (accumulated vector, norms); a
+        kernel takes the sums of squares in the accumulating pass (DEFT)."""
+        acc = self.accumulate(residual, tensors)
+        return acc, self.segment_norms(acc, lengths)
+
     def momentum_accumulate(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
                             nesterov: bool) -> tuple[Array, Array]:
         """DGC's momentum correction of the gradient g = concat(tensors): (velocity, momentum) with

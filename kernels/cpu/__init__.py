@@ -10,14 +10,19 @@ from ._library import library
 library()   # fail here, at import, when the library cannot be used
 
 from .accumulate import (  # noqa: E402
+    abs_at_least,
     accumulate,
+    accumulate_moments,
+    accumulate_norms,
     accumulate_select,
     accumulate_select_if_finite,
     all_finite,
+    select_at_least,
 )
 from .momentum import momentum_accumulate  # noqa: E402
 from .norms import mean_std, segment_norms  # noqa: E402
-from .topk import abs_at_least, topk_abs  # noqa: E402
+from .topk import topk_abs  # noqa: E402
 
-__all__ = ["abs_at_least", "accumulate", "accumulate_select", "accumulate_select_if_finite", "all_finite",
-           "mean_std", "momentum_accumulate", "segment_norms", "topk_abs"]
+__all__ = ["abs_at_least", "accumulate", "accumulate_moments", "accumulate_norms", "accumulate_select",
+           "accumulate_select_if_finite", "all_finite", "mean_std", "momentum_accumulate", "segment_norms",
+           "select_at_least", "topk_abs"]
