@@ -16,6 +16,7 @@ import torch
 
 from ...backends.base import float32_norms, mean_std_from_sums, sample_shape
 from ._library import bind
+from .norms import exact_mean_std
 
 _CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
 _RESIDUAL_TYPES = {torch.float32: np.float32, torch.float64: np.float64}
@@ -186,7 +187,8 @@ def accumulate_moments(residual: torch.Tensor, tensors: list[torch.Tensor], clea
     if _accumulating(residual, tensors, clear_inputs, _accumulate_moments, sums, ctypes.byref(depth)) < 0:
         return None
     shift, t1, t2 = sums
-    return True, mean_std_from_sums(residual.numel(), shift, t1, t2, depth.value, residual.numpy)
+    return True, mean_std_from_sums(residual.numel(), shift, t1, t2, depth.value, lambda: residual,
+                                    exact_mean_std)
 
 
 def accumulate_norms(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int]

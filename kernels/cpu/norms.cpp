@@ -90,3 +90,32 @@ int hvd_sparse_moments_f32(const float* x, int64_t n, double* sums) { return mom
 int hvd_sparse_moments_f64(const double* x, int64_t n, double* sums) { return moments(x, n, sums); }
 
 }  // extern "C"
+
+// The exact sums behind mean_std, for the rare vectors whose float64 sums cannot decide the
+// float32 results (hvd_sparse/backends/base.py exact_mean_std does the same in NumPy, some
+// hundred times slower). An fp32 entry is ±M·2^(E'-150) with the integer M < 2^24 and E' its
+// biased exponent (1 for subnormals); per E', bins[4E'..4E'+3] accumulate ΣM (signed) and, with
+// M = a·2^12 + b, Σa², Σ2ab and Σb² (M² = a²·2^24 + 2ab·2^12 + b²). At most 2^25 entries per call,
+// so that no bin can overflow; the caller adds the calls' bins as integers.
+//
+// C ABI: hvd_sparse_exact_sums_f32(x, n, bins) with room for 256 * 4 bins (zeroed here); 0, or 1
+// when x holds NaN/Inf (bins then unspecified), -1 for n outside [0, 2^25].
+
+extern "C" int hvd_sparse_exact_sums_f32(const void* x, int64_t n, int64_t* bins) {
+  if (n < 0 || n > (int64_t(1) << 25)) return -1;
+  for (int64_t i = 0; i < 256 * 4; ++i) bins[i] = 0;
+  const uint32_t* bits = static_cast<const uint32_t*>(x);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = bits[i];
+    const uint32_t biased = (u >> 23) & 0xffu;
+    if (biased == 0xffu) return 1;
+    const int64_t m = int64_t((u & 0x7fffffu) | (biased ? 0x800000u : 0u));
+    const int64_t a = m >> 12, b = m & 0xfff;
+    int64_t* bin = bins + 4 * (biased ? biased : 1);
+    bin[0] += (u >> 31) ? -m : m;
+    bin[1] += a * a;
+    bin[2] += 2 * a * b;
+    bin[3] += b * b;
+  }
+  return 0;
+}
