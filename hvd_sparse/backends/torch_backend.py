@@ -203,8 +203,10 @@ class TorchBackend(Backend):
         return residual
 
     def clear(self, tensors):
-        for t in tensors:
-            t.zero_()
+        kernel = getattr(kernels.ops_for(tensors[0]), "clear", None) if tensors else None  # CPU
+        if kernel is None or kernel(tensors) is None:
+            for t in tensors:
+                t.zero_()
 
     def momentum_accumulate(self, residual, momentum, tensors, factor, nesterov):
         kernel = getattr(kernels.ops_for(residual), "momentum_accumulate", None)   # CPU
@@ -266,10 +268,10 @@ class TorchBackend(Backend):
             values = values[order]
         offsets = np.cumsum([0] + [t.numel() for t in tensors]).tolist()
         cuts = torch.searchsorted(idx, torch.tensor(offsets, device=idx.device)).tolist()
+        if not zeroed:
+            self.clear(tensors)
         for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
             flat = t.view(-1)
-            if not zeroed:
-                flat.zero_()
             if hi > lo:
                 flat.index_put_((idx[lo:hi] - offset,), values[lo:hi].to(t.dtype))
         return list(tensors)

@@ -262,6 +262,12 @@ int hvd_sparse_all_finite(const void* data, int64_t n, int dtype) {
     }
 }
 
+// Zero n bytes at data: the C library's memset, which streams large blocks past the cache (about
+// twice as fast as torch's fill on tens of megabytes, which reads each line before writing it).
+void hvd_sparse_clear(void* data, int64_t bytes) {
+    if (bytes > 0) std::memset(data, 0, size_t(bytes));
+}
+
 // residual (residual_dtype F32 or F64, contiguous) += the inputs in order (each contiguous, of
 // dtypes[k] and sizes[k] elements), zeroing each input when clear != 0. Inside [lo, hi) writes
 // the indices with |a| >= threshold to out (index_bits 32 or 64; room for hi - lo) and returns

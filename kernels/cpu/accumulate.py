@@ -35,6 +35,7 @@ _accumulate_moments = bind("hvd_sparse_accumulate_moments", ctypes.c_int,
 _accumulate_norms = bind("hvd_sparse_accumulate_norms", ctypes.c_int,
                          [*_INPUTS, _ptr, _i64, _ptr, _ptr])
 _select_at_least = bind("hvd_sparse_select_at_least", _i64, [_ptr, ctypes.c_int, _i64, _i64, *_SELECTION])
+_clear = bind("hvd_sparse_clear", None, [_ptr, _i64])
 MAX_PROBES = 8
 
 
@@ -50,6 +51,15 @@ def all_finite(tensors: list[torch.Tensor]) -> bool | None:
         flat = t.contiguous()
         if not _all_finite(flat.data_ptr(), flat.numel(), _CODES[t.dtype]):
             return False
+    return True
+
+
+def clear(tensors: list[torch.Tensor]) -> bool | None:
+    """Every tensor set to zero (+0.0, as ``zero_``) in place, large ones faster than ``zero_``."""
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    for t in tensors:
+        _clear(t.data_ptr(), t.numel() * t.element_size())
     return True
 
 
