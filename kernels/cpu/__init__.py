@@ -25,5 +25,5 @@ from .norms import mean_std, segment_norms  # noqa: E402
 from .topk import topk_abs  # noqa: E402
 
 __all__ = ["abs_at_least", "accumulate", "accumulate_moments", "accumulate_norms", "accumulate_select",
-           "accumulate_select_if_finite", "all_finite", "clear", "mean_std", "momentum_accumulate", "segment_norms",
-           "select_at_least", "topk_abs"]
+           "accumulate_select_if_finite", "all_finite", "clear", "mean_std", "momentum_accumulate",
+           "segment_norms", "select_at_least", "topk_abs"]
