@@ -40,6 +40,7 @@ from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer
 VARIANTS = ("original", "rescale")
 _DEFAULT_LOOPS = {"original": 100, "rescale": 3}
 RESCALE_AHEAD = 3   # loops of "rescale" one read of a decides: 2 + 4 probe counts
+ORIGINAL_AHEAD = 8  # "too few" loops of "original" a read of a can decide: the next λ·0.1^i
 
 
 @dataclass
@@ -133,15 +134,34 @@ class GaussianK(Algorithm):
         kept: list = []
         n_kept = 0
         last_too_many = False
+        # A run of "too few" loops in that state keeps the bands least_i <= |a| < least_{i-1} of
+        # λ, λ·0.1, λ·0.01, ...: a read of a there also counts |a| >= t at the next ORIGINAL_AHEAD
+        # of them (``total``), so that the loops they decide need no read of their own; their
+        # bands (``deferred``: each band's lower end; the first one's upper end is ``deferred_from``)
+        # are cut out of the next read, which selects all of them.
+        total: dict[float, int] = {}
+        deferred: list[float] = []
+        deferred_from: float | None = None
         for _ in range(self.max_loops):
             least = strictly_above(threshold, dtype)
             if candidates is None and kept_from is not None and not least < kept_from:
                 above = b.arange(0, 0, like=acc)   # λ rounds to where it was (0): none left, no read
+            elif candidates is None and threshold >= 0 and total.get(least, 2 * k / 3) < 2 * k / 3:
+                if not deferred:   # too few, known without a read: the band is cut out later
+                    deferred_from = kept_from
+                deferred.append(least)
+                n_kept, kept_from = total[least], least
+                threshold *= 0.1
+                continue
             elif candidates is None:
-                above = b.select_at_least(acc, 0, ctx.numel, least)[0]
-                if kept_from is not None:   # drop those kept earlier: |a| < kept_from, as -|a| > -kept_from
-                    below = b.scale(b.abs(b.take(acc, above)), -1.0)
-                    above = b.take(above, b.indices_where_at_least(below, strictly_above(-kept_from, dtype)))
+                probes = ([strictly_above(threshold * 0.1 ** (i + 1), dtype) for i in range(ORIGINAL_AHEAD)]
+                          if kept_from is not None and threshold >= 0 else [])
+                above, counts = b.select_at_least(acc, 0, ctx.numel, least, probes)
+                total = dict(zip(probes, (round(c) for c in counts), strict=True)) if probes else {}
+                kept += self._bands(acc, above, deferred, deferred_from, dtype, b)
+                deferred = []
+                if kept_from is not None:   # drop those kept earlier: |a| < kept_from
+                    above = self._band(acc, above, None, kept_from, dtype, b)
             else:
                 above = b.indices_where_at_least(candidates, least)
             count = n_kept + b.numel(above)
@@ -170,11 +190,32 @@ class GaussianK(Algorithm):
                 kept.append(above if positions is None else b.take(positions, above))
                 n_kept += b.numel(above)
                 break
+        if deferred:   # the loops ran out in a run of known "too few": one read for their bands
+            everything = b.select_at_least(acc, 0, ctx.numel, deferred[-1])[0]
+            kept += self._bands(acc, everything, deferred, deferred_from, dtype, b)
         if last_too_many and n_kept < 2 * k / 3:
             kept.append(positions)
         if not kept:
             return b.arange(0, 0, like=acc), threshold
         return b.concat(kept), threshold
+
+    @staticmethod
+    def _band(acc: Any, idx: Any, lower: float | None, upper: float | None, dtype: str, b: Any) -> Any:
+        """The entries of ``idx`` (ascending) with lower <= |a| < upper (None: no bound), in order;
+        |a| < upper as -|a| > -upper."""
+        if lower is not None:
+            idx = b.take(idx, b.indices_where_at_least(b.abs(b.take(acc, idx)), lower))
+        if upper is not None:
+            below = b.scale(b.abs(b.take(acc, idx)), -1.0)
+            idx = b.take(idx, b.indices_where_at_least(below, strictly_above(-upper, dtype)))
+        return idx
+
+    def _bands(self, acc: Any, idx: Any, lowers: list[float], upper: float | None, dtype: str,
+               b: Any) -> list:
+        """The deferred bands out of ``idx`` (which holds every entry with |a| >= lowers[-1]):
+        lowers[0] <= |a| < upper, then lowers[1] <= |a| < lowers[0], ..."""
+        return [self._band(acc, idx, lower, high, dtype, b)
+                for lower, high in zip(lowers, [upper, *lowers], strict=False)]
 
     def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext) -> tuple[Any, float]:
         """The loop above, read off ``a`` in passes that each decide up to RESCALE_AHEAD loops: a
