@@ -24,6 +24,12 @@ Refinement (``variant``):
 
 The count is therefore only approximately k. ``stats()["threshold"]`` is the last λ (averaged
 over buckets).
+
+Reads of ``a`` (docs/kernels.md): μ and σ come with the accumulation (``accumulate_select``:
+``Backend.accumulate_moments``); a read that selects at λ also counts at the thresholds the next
+loops can reach (rescale: the tree of λ·0.5 and λ·1.5 two loops deep; original, in a run of "too
+few": the next λ·0.1^i), so that the loops those counts decide need no read of their own. The
+decisions are the loop's, on the same counts.
 """
 
 from __future__ import annotations
