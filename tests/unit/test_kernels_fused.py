@@ -6,7 +6,6 @@ fused ops and without them; Gaussian-k's rescale lookahead against the loop writ
 from __future__ import annotations
 
 import copy
-import itertools
 import warnings
 
 import numpy as np
@@ -358,7 +357,16 @@ def test_deft_uses_the_norms_of_the_vector_it_selects_from():
     acc = deft.accumulate(torch.zeros(6000), [torch.randn(4000), torch.randn(2000)], control, ctx)
     assert control.norms[0] is acc
     np.testing.assert_array_equal(control.norms[1], TB.segment_norms(acc, list(control.table.sizes)))
-    protocol = deft.select(torch.zeros(6000), control, ctx)   # another vector: its own norms
-    phase = next(protocol)
-    assert control.norms is None and len(phase) == 2
-    assert list(itertools.chain(control.table.sizes)) == [2000, 2000, 2000]
+    assert control.table.sizes == (2000, 2000, 2000)
+    seen = []
+    original = TB.segment_norms
+
+    class Watching(type(TB)):
+        def segment_norms(self, x, lengths):
+            seen.append(x)
+            return original(x, lengths)
+
+    ctx = StepContext(rank=0, size=2, step=0, key="model", numel=6000, backend=Watching(), sizes=(4000, 2000))
+    zeros = torch.zeros(6000)
+    phase = next(deft.select(zeros, control, ctx))   # another vector: its own norms
+    assert control.norms is None and len(phase) == 2 and len(seen) == 1 and seen[0] is zeros
