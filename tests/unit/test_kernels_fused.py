@@ -13,6 +13,7 @@ import pytest
 import torch
 from baselines_reference import gaussiank_original, gaussiank_rescale
 from test_kernels_cpu import cpu_ops, gradients, kinds, needs_kernels, same
+from test_kernels_topk import reference
 
 import hvd_sparse
 from hvd_sparse.algorithms import DEFT, GaussianK
@@ -24,16 +25,6 @@ from hvd_sparse.engine import Engine
 
 NP, TB = get_backend("numpy"), get_backend("torch")
 FLOATS = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
-
-
-def reference(function, *args):
-    """``function(*args)`` on the reference path (kernels off), the mode restored after."""
-    previous = hvd_sparse.kernels_mode()
-    hvd_sparse.set_kernels("off")
-    try:
-        return function(*args)
-    finally:
-        hvd_sparse.set_kernels(previous)
 
 
 def same_floats(a, b) -> bool:
