@@ -3,7 +3,8 @@ standard deviation, each in one read of the accumulated vector. The norms are
 the result of the reference ``segment_norms`` bit for bit: the float64 sums come from the
 kernel, whose rounding depth is known, and ``float32_norms`` (hvd_sparse/backends/base.py) turns
 them into float32 norms exactly as every backend does (an exact sum where a sum cannot decide);
-``mean_std`` likewise goes through ``mean_std_from_sums``.
+``mean_std`` likewise goes through ``mean_std_from_sums``, whose exact fallback for fp32 is the
+native ``exact_mean_std`` here (integer sums per exponent) rather than NumPy's.
 
 Returns None for arguments it has no kernel for (not an fp32/fp64 CPU tensor, lengths that do not
 add up to its size): the caller then runs the reference ops.
