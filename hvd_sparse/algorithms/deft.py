@@ -255,6 +255,7 @@ class DeftControl:
     common_appended: np.ndarray = field(default_factory=lambda: np.zeros(0, dtype=np.int64))
     device_like: Any = None
     stats: dict = field(default_factory=dict)
+    norms: tuple | None = None   # (accumulated vector, its unit norms), from accumulate to select
 
 
 class DEFT(Algorithm):
@@ -316,9 +317,20 @@ class DEFT(Algorithm):
         return DeftControl(table, ctx.size, step=ctx.step)
 
     # --- selection --------------------------------------------------------------------------------
+    def accumulate(self, residual: Any, tensors: list, control: DeftControl, ctx: StepContext) -> Any:
+        """Error feedback with the units' norms taken in the same pass (``Backend.accumulate_norms``),
+        so that ``select`` does not read the vector again for them."""
+        acc, norms = ctx.backend.accumulate_norms(residual, tensors, list(control.table.sizes))
+        control.norms = (acc, norms)
+        return acc
+
     def select(self, acc: Any, control: DeftControl, ctx: StepContext) -> Protocol:
         b, table, n_ranks = ctx.backend, control.table, ctx.size
-        norms = float32_norms(b.segment_norms(acc, list(table.sizes)))
+        # The norms of accumulate, where this is the vector it made (not the zeros of a step
+        # whose gradient was not finite); the same values segment_norms gives.
+        taken, control.norms = control.norms, None
+        norms = float32_norms(taken[1] if taken is not None and taken[0] is acc
+                              else b.segment_norms(acc, list(table.sizes)))
         k_units = split_k(norms, table.sizes, int(self.density * ctx.numel))
         master = ctx.step % n_ranks
         if ctx.rank == master:

@@ -24,6 +24,12 @@ Refinement (``variant``):
 
 The count is therefore only approximately k. ``stats()["threshold"]`` is the last λ (averaged
 over buckets).
+
+Reads of ``a`` (docs/kernels.md): μ and σ come with the accumulation (``accumulate_select``:
+``Backend.accumulate_moments``); a read that selects at λ also counts at the thresholds the next
+loops can reach (rescale: the tree of λ·0.5 and λ·1.5 two loops deep; original, in a run of "too
+few": the next λ·0.1^i), so that the loops those counts decide need no read of their own. The
+decisions are the loop's, on the same counts.
 """
 
 from __future__ import annotations
@@ -39,6 +45,8 @@ from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer
 
 VARIANTS = ("original", "rescale")
 _DEFAULT_LOOPS = {"original": 100, "rescale": 3}
+RESCALE_AHEAD = 3   # loops of "rescale" one read of a decides: 2 + 4 probe counts
+ORIGINAL_AHEAD = 8  # "too few" loops of "original" a read of a can decide: the next λ·0.1^i
 
 
 @dataclass
@@ -51,6 +59,16 @@ def strictly_above(threshold: float, dtype: str) -> float:
     ``x >= strictly_above(t)`` is ``x > t`` as a framework compares a tensor with a Python float."""
     t = np.dtype(dtype).type(threshold)
     return float(np.nextafter(t, np.dtype(dtype).type(np.inf)))
+
+
+def rescale_tree(threshold: float, levels: int) -> list[float]:
+    """The thresholds the "rescale" loop can try in its next ``levels`` loops from ``threshold``,
+    as a heap: entry i is followed by entry 2i + 1 (too few: ×0.5) or 2i + 2 (too many: ×1.5)."""
+    tree = [threshold]
+    while len(tree) < 2 ** levels - 1:
+        i = len(tree)
+        tree.append(tree[(i - 1) // 2] * (0.5 if i % 2 else 1.5))
+    return tree
 
 
 class GaussianK(Algorithm):
@@ -87,15 +105,27 @@ class GaussianK(Algorithm):
     def init_control(self, ctx: StepContext) -> GaussianControl:
         return GaussianControl()
 
+    def accumulate_select(self, residual: Any, tensors: list, control: GaussianControl, ctx: StepContext,
+                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
+        """Error feedback with μ and σ taken in the accumulating pass (``Backend.accumulate_moments``),
+        then the selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the
+        same decisions."""
+        acc, moments, finite = ctx.backend.accumulate_moments(residual, tensors, clear_inputs, check_finite)
+        if not finite:
+            return acc, None, False
+        return acc, self._select(acc, *moments, control, ctx), True
+
     def select_local(self, acc: Any, control: GaussianControl, ctx: StepContext) -> Any:
-        b = ctx.backend
+        return self._select(acc, *ctx.backend.mean_std(acc), control, ctx)
+
+    def _select(self, acc: Any, mean: float, std: float, control: GaussianControl, ctx: StepContext) -> Any:
         k = self.k(ctx.numel)
-        mean, std = b.mean_std(acc)
         threshold = self.initial_threshold(mean, std)
+        dtype = ctx.backend.dtype_name(acc)
         if self.variant == "rescale":
-            idx, threshold = self._rescale(acc, threshold, k, b.dtype_name(acc), ctx)
+            idx, threshold = self._rescale(acc, threshold, k, dtype, ctx)
         else:
-            idx, threshold = self._original(acc, threshold, k, b.dtype_name(acc), ctx)
+            idx, threshold = self._original(acc, threshold, k, dtype, ctx)
         control.threshold = threshold
         return idx
 
@@ -110,13 +140,34 @@ class GaussianK(Algorithm):
         kept: list = []
         n_kept = 0
         last_too_many = False
+        # A run of "too few" loops in that state keeps the bands least_i <= |a| < least_{i-1} of
+        # λ, λ·0.1, λ·0.01, ...: a read of a there also counts |a| >= t at the next ORIGINAL_AHEAD
+        # of them (``total``), so that the loops they decide need no read of their own; their
+        # bands (``deferred``: each band's lower end; the first one's upper end is ``deferred_from``)
+        # are cut out of the next read, which selects all of them.
+        total: dict[float, int] = {}
+        deferred: list[float] = []
+        deferred_from: float | None = None
         for _ in range(self.max_loops):
             least = strictly_above(threshold, dtype)
-            if candidates is None:
-                above = b.select_at_least(acc, 0, ctx.numel, least)[0]
-                if kept_from is not None:   # drop those kept earlier: |a| < kept_from, as -|a| > -kept_from
-                    below = b.scale(b.abs(b.take(acc, above)), -1.0)
-                    above = b.take(above, b.indices_where_at_least(below, strictly_above(-kept_from, dtype)))
+            if candidates is None and kept_from is not None and not least < kept_from:
+                above = b.arange(0, 0, like=acc)   # λ rounds to where it was (0): none left, no read
+            elif candidates is None and threshold >= 0 and total.get(least, 2 * k / 3) < 2 * k / 3:
+                if not deferred:   # too few, known without a read: the band is cut out later
+                    deferred_from = kept_from
+                deferred.append(least)
+                n_kept, kept_from = total[least], least
+                threshold *= 0.1
+                continue
+            elif candidates is None:
+                probes = ([strictly_above(threshold * 0.1 ** (i + 1), dtype) for i in range(ORIGINAL_AHEAD)]
+                          if kept_from is not None and threshold >= 0 else [])
+                above, counts = b.select_at_least(acc, 0, ctx.numel, least, probes)
+                total = dict(zip(probes, (round(c) for c in counts), strict=True)) if probes else {}
+                kept += self._bands(acc, above, deferred, deferred_from, dtype, b)
+                deferred = []
+                if kept_from is not None:   # drop those kept earlier: |a| < kept_from
+                    above = self._band(acc, above, None, kept_from, dtype, b)
             else:
                 above = b.indices_where_at_least(candidates, least)
             count = n_kept + b.numel(above)
@@ -145,25 +196,62 @@ class GaussianK(Algorithm):
                 kept.append(above if positions is None else b.take(positions, above))
                 n_kept += b.numel(above)
                 break
+        if deferred:   # the loops ran out in a run of known "too few": one read for their bands
+            everything = b.select_at_least(acc, 0, ctx.numel, deferred[-1])[0]
+            kept += self._bands(acc, everything, deferred, deferred_from, dtype, b)
         if last_too_many and n_kept < 2 * k / 3:
             kept.append(positions)
         if not kept:
             return b.arange(0, 0, like=acc), threshold
         return b.concat(kept), threshold
 
+    @staticmethod
+    def _band(acc: Any, idx: Any, lower: float | None, upper: float | None, dtype: str, b: Any) -> Any:
+        """The entries of ``idx`` (ascending) with lower <= |a| < upper (None: no bound), in order;
+        |a| < upper as -|a| > -upper."""
+        if lower is not None:
+            idx = b.take(idx, b.indices_where_at_least(b.abs(b.take(acc, idx)), lower))
+        if upper is not None:
+            below = b.scale(b.abs(b.take(acc, idx)), -1.0)
+            idx = b.take(idx, b.indices_where_at_least(below, strictly_above(-upper, dtype)))
+        return idx
+
+    def _bands(self, acc: Any, idx: Any, lowers: list[float], upper: float | None, dtype: str,
+               b: Any) -> list:
+        """The deferred bands out of ``idx`` (which holds every entry with |a| >= lowers[-1]):
+        lowers[0] <= |a| < upper, then lowers[1] <= |a| < lowers[0], ..."""
+        return [self._band(acc, idx, lower, high, dtype, b)
+                for lower, high in zip(lowers, [upper, *lowers], strict=False)]
+
     def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext) -> tuple[Any, float]:
-        def above(t: float) -> Any:   # |a| > t, read off a itself
-            return ctx.backend.select_at_least(acc, 0, ctx.numel, strictly_above(t, dtype))[0]
-        for _ in range(self.max_loops):
-            idx = above(threshold)
-            count = ctx.backend.numel(idx)
-            if count < 2 * k / 3:
-                threshold *= 0.5
-            elif count > 4 * k / 3:
-                threshold *= 1.5
-            else:
-                return idx, threshold   # the last count's entries: no further read
-        return above(threshold), threshold
+        """The loop above, read off ``a`` in passes that each decide up to RESCALE_AHEAD loops: a
+        pass selects |a| > λ and counts |a| > t for every t the next loops can reach from λ (the
+        tree of λ·0.5 and λ·1.5, each computed as the loop computes it); the counts then walk the
+        loop. The loop stops at λ (its entries are in hand), at a later t (one more pass selects
+        there), or runs out of loops (likewise)."""
+        b = ctx.backend
+        loops = self.max_loops
+        while True:
+            ahead = min(loops, RESCALE_AHEAD)
+            tree = rescale_tree(threshold, ahead)
+            idx, counts = b.select_at_least(acc, 0, ctx.numel, strictly_above(threshold, dtype),
+                                            [strictly_above(t, dtype) for t in tree[1:]])
+            node = 0
+            for _ in range(ahead):
+                count = b.numel(idx) if node == 0 else round(counts[node - 1])
+                if count < 2 * k / 3:
+                    node, threshold = 2 * node + 1, threshold * 0.5
+                elif count > 4 * k / 3:
+                    node, threshold = 2 * node + 2, threshold * 1.5
+                elif node == 0:
+                    return idx, threshold   # this pass's entries: no further read
+                else:
+                    break
+            if node == 0:   # no loop left
+                return idx, threshold
+            loops -= ahead
+            if node < len(tree):   # stopped at a counted λ: one more pass selects there
+                return b.select_at_least(acc, 0, ctx.numel, strictly_above(threshold, dtype))[0], threshold
 
     def control_stats(self, control: GaussianControl) -> dict:
         return {} if control.threshold is None else {"threshold": control.threshold}

@@ -192,6 +192,24 @@ class Backend:
         acc = self.accumulate(residual, tensors, clear_inputs)
         return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
 
+    def accumulate_moments(self, residual: Array, tensors: list[Array], clear_inputs: bool = False,
+                           check_finite: bool = False) -> tuple[Array, tuple[float, float] | None, bool]:
+        """``accumulate`` then ``mean_std`` of the result: (accumulated vector, (mean, std), True);
+        a kernel takes the moments in the accumulating pass (Gaussian-k). With ``check_finite``
+        the inputs are first checked: when one holds NaN/Inf nothing is written and
+        (residual, None, False) comes back."""
+        if check_finite and not self.tensors_finite(tensors):
+            return residual, None, False
+        acc = self.accumulate(residual, tensors, clear_inputs)
+        return acc, self.mean_std(acc), True
+
+    def accumulate_norms(self, residual: Array, tensors: list[Array], lengths: list[int]
+                         ) -> tuple[Array, np.ndarray]:
+        """``accumulate`` then ``segment_norms`` of the result: (accumulated vector, norms); a
+        kernel takes the sums of squares in the accumulating pass (DEFT)."""
+        acc = self.accumulate(residual, tensors)
+        return acc, self.segment_norms(acc, lengths)
+
     def momentum_accumulate(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
                             nesterov: bool) -> tuple[Array, Array]:
         """DGC's momentum correction of the gradient g = concat(tensors): (velocity, momentum) with
@@ -418,6 +436,12 @@ def exact_mean_std(x: np.ndarray) -> tuple[float, float]:
     hh, hl, ll = split_sums(high * high), split_sums(high * low), split_sums(low * low)
     s2 = sum(((a << 52) + (b << 27) + c) << (2 * (int(e) - base))
              for a, b, c, e in zip(hh, hl, ll, keys, strict=True))
+    return mean_std_from_integers(n, s1, s2, base)
+
+
+def mean_std_from_integers(n: int, s1: int, s2: int, base: int) -> tuple[float, float]:
+    """``mean_std`` of n >= 1 finite entries from their exact sums Σx = s1·2^base and
+    Σx² = s2·2^(2·base)."""
     scale = Fraction(2) ** base
     mean = _round_signed_float32(Fraction(s1, n) * scale)
     if n == 1:
@@ -438,12 +462,12 @@ def numpy_mean_std(x: np.ndarray) -> tuple[float, float]:
     return mean_std_from_sums(x64.size, float(x64[0]), t1, t2, blocked_depth(x64.size), lambda: x64)
 
 
-def mean_std_from_sums(n: int, shift: float, t1: float, t2: float, depth: int,
-                       values: Any) -> tuple[float, float]:
-    """``mean_std`` from a path's shifted float64 sums; ``values()`` gives x as NumPy, read only
-    where the sums cannot decide (or for fewer than two entries)."""
+def mean_std_from_sums(n: int, shift: float, t1: float, t2: float, depth: int, values: Any,
+                       exact: Any = exact_mean_std) -> tuple[float, float]:
+    """``mean_std`` from a path's shifted float64 sums; where they cannot decide (or for fewer
+    than two entries), ``exact(values())`` does (by default: ``values()`` gives x as NumPy)."""
     certain = certain_mean_std(n, shift, t1, t2, depth)
-    return exact_mean_std(values()) if certain is None else certain
+    return exact(values()) if certain is None else certain
 
 
 # Integer keys ordered as the magnitudes of a float dtype: its bits read as a signed integer of

@@ -168,7 +168,9 @@ class TorchBackend(Backend):
         return torch.bincount(which, minlength=len(bounds) - 1).cpu().numpy().astype(np.int64)
 
     def take(self, x, idx):
-        return x.index_select(0, idx)  # unlike x[idx], no int64 copy of int32 indices
+        if x.dim() == 1 and idx.dim() == 1 and idx.dtype in (torch.int64, torch.int32):
+            return x.index_select(0, idx)   # the same gather, 2-3x faster than x[idx] on a CPU
+        return x[idx]
 
     def zero_at(self, x, idx):
         kernel = getattr(kernels.ops_for(x), "zero_at", None)   # CPU
@@ -205,8 +207,10 @@ class TorchBackend(Backend):
         return residual
 
     def clear(self, tensors):
-        for t in tensors:
-            t.zero_()
+        kernel = getattr(kernels.ops_for(tensors[0]), "clear", None) if tensors else None  # CPU
+        if kernel is None or kernel(tensors) is None:
+            for t in tensors:
+                t.zero_()
 
     def momentum_accumulate(self, residual, momentum, tensors, factor, nesterov):
         kernel = getattr(kernels.ops_for(residual), "momentum_accumulate", None)   # CPU
@@ -215,11 +219,26 @@ class TorchBackend(Backend):
         return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
 
     def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
-        kernel = None if len(probes) else getattr(kernels.ops_for(x), "abs_at_least", None)  # CPU
-        idx = None if kernel is None else kernel(x, lo, hi, threshold, torch.int64)
-        if idx is not None:
-            return idx, []
+        kernel = getattr(kernels.ops_for(x), "select_at_least", None)  # CPU
+        done = None if kernel is None else kernel(x, lo, hi, threshold, list(probes), every, torch.int64)
+        if done is not None:
+            return done
         return super().select_at_least(x, lo, hi, threshold, probes, every)
+
+    def accumulate_moments(self, residual, tensors, clear_inputs=False, check_finite=False):
+        kernel = getattr(kernels.ops_for(residual), "accumulate_moments", None)
+        done = None if kernel is None else kernel(residual, tensors, clear_inputs, check_finite)
+        if done is not None:
+            finite, moments = done
+            return residual, moments, finite
+        return super().accumulate_moments(residual, tensors, clear_inputs, check_finite)
+
+    def accumulate_norms(self, residual, tensors, lengths):
+        kernel = getattr(kernels.ops_for(residual), "accumulate_norms", None)
+        norms = None if kernel is None else kernel(residual, tensors, list(lengths))
+        if norms is not None:
+            return residual, norms
+        return super().accumulate_norms(residual, tensors, lengths)
 
     def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
                           index_dtype="int64", clear_inputs=False, check_finite=False):
@@ -252,11 +271,11 @@ class TorchBackend(Backend):
             values = values[order]
         offsets = np.cumsum([0] + [t.numel() for t in tensors]).tolist()
         cuts = torch.searchsorted(idx, torch.tensor(offsets, dtype=idx.dtype, device=idx.device)).tolist()
+        if not zeroed:
+            self.clear(tensors)
         put_at = getattr(kernels.ops_for(values), "put_at", None)   # CPU
         for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
             flat = t.view(-1)
-            if not zeroed:
-                flat.zero_()
             if hi > lo and not (put_at is not None and put_at(flat, idx[lo:hi], values[lo:hi], offset)):
                 flat.index_put_((idx[lo:hi].long() - offset,), values[lo:hi].to(t.dtype))
         return list(tensors)

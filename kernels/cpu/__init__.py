@@ -10,15 +10,21 @@ from ._library import library
 library()   # fail here, at import, when the library cannot be used
 
 from .accumulate import (  # noqa: E402
+    abs_at_least,
     accumulate,
+    accumulate_moments,
+    accumulate_norms,
     accumulate_select,
     accumulate_select_if_finite,
     all_finite,
+    clear,
+    select_at_least,
 )
 from .indexing import put_at, zero_at  # noqa: E402
 from .momentum import momentum_accumulate  # noqa: E402
 from .norms import mean_std, segment_norms  # noqa: E402
-from .topk import abs_at_least, topk_abs  # noqa: E402
+from .topk import topk_abs  # noqa: E402
 
-__all__ = ["abs_at_least", "accumulate", "accumulate_select", "accumulate_select_if_finite", "all_finite",
-           "mean_std", "momentum_accumulate", "put_at", "segment_norms", "topk_abs", "zero_at"]
+__all__ = ["abs_at_least", "accumulate", "accumulate_moments", "accumulate_norms", "accumulate_select",
+           "accumulate_select_if_finite", "all_finite", "clear", "mean_std", "momentum_accumulate",
+           "put_at", "segment_norms", "select_at_least", "topk_abs", "zero_at"]

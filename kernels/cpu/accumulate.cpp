@@ -11,6 +11,10 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <type_traits>
+#include <vector>
+
+#include "sums.h"
 
 namespace {
 
@@ -81,15 +85,19 @@ inline int64_t select_chunk(const R* __restrict r, int64_t n, R t, int64_t base,
 template <typename R>
 inline void count_chunk(const R* __restrict r, int64_t n, const R* probes, int num_probes,
                         int64_t* counts) {
+    // A counter as wide as R, so that the compare's mask adds lane by lane (n <= CHUNK).
+    using Count = std::conditional_t<sizeof(R) == 4, int32_t, int64_t>;
     for (int p = 0; p < num_probes; ++p) {
         const R t = probes[p];
-        int64_t c = 0;
-        for (int64_t i = 0; i < n; ++i) c += std::fabs(r[i]) >= t;
+        Count c = 0;
+        for (int64_t i = 0; i < n; ++i) c += Count(std::fabs(r[i]) >= t);
         counts[p] += c;
     }
 }
 
-// What the caller asks of the own range [lo, hi); lo == hi: plain accumulation.
+// What the caller asks of the own range [lo, hi); lo == hi: plain accumulation. A piece visitor
+// (see accumulate_segment): piece_end() says where a piece starting at `at` must end, visit()
+// receives each piece of the accumulated vector.
 template <typename R, typename I>
 struct Selection {
     int64_t lo = 0, hi = 0;
@@ -111,53 +119,87 @@ struct Selection {
         *row_end = (row + 1) * row_len;
         return row % every == 0;
     }
+
+    int64_t piece_end(int64_t at) const {
+        if (at < lo) return lo;
+        if (at >= hi) return INT64_MAX;
+        int64_t row_end = hi - lo;
+        if (num_probes > 0) sampled(at - lo, &row_end);
+        return std::min<int64_t>(lo + row_end, hi);
+    }
+
+    void visit(const R* r, int64_t at, int64_t len) {
+        if (at < lo || at >= hi) return;
+        selected += select_chunk(r, len, threshold, at, out + selected);
+        int64_t row_end;
+        if (num_probes > 0 && sampled(at - lo, &row_end)) count_chunk(r, len, probes, num_probes, counts);
+    }
 };
 
-// One pass over one input tensor occupying [offset, offset + n) of the residual.
-template <typename R, typename X, typename I>
-void accumulate_segment(R* residual, X* x, int64_t offset, int64_t n, bool clear, Selection<R, I>& s) {
+// Gaussian-k's moments of the whole accumulated vector (sums.h).
+struct Moments {
+    hvd_sparse::MomentSums sums;
+    int64_t piece_end(int64_t) const { return INT64_MAX; }
+    template <typename R>
+    void visit(const R* r, int64_t, int64_t len) { sums.add(r, len); }
+};
+
+// DEFT's sums of squares of consecutive segments of the accumulated vector (sums.h).
+struct SegmentSquares {
+    const int64_t* lengths = nullptr;
+    int64_t count = 0;                      // segments (at least one)
+    hvd_sparse::SquareSums* sums = nullptr;
+    int64_t segment = 0, segment_end = 0;   // the segment of the last piece, and where it ends
+
+    int64_t piece_end(int64_t at) {
+        while (segment_end <= at && segment + 1 < count) segment_end += lengths[++segment];
+        return segment_end;
+    }
+    template <typename R>
+    void visit(const R* r, int64_t, int64_t len) { sums[segment].add(r, len); }
+};
+
+// One pass over one input tensor occupying [offset, offset + n) of the residual, in pieces of at
+// most CHUNK entries (L1-resident when the visitor reads them) that end where the visitor asks.
+template <typename R, typename X, typename V>
+void accumulate_segment(R* residual, X* x, int64_t offset, int64_t n, bool clear, V& visitor) {
     int64_t i = 0;
     while (i < n) {
         const int64_t at = offset + i;
-        int64_t end = n;                                    // this piece: [i, end)
-        const bool inside = at >= s.lo && at < s.hi;
-        bool counted = false;
-        if (inside) {
-            int64_t row_end = s.hi - s.lo;
-            if (s.num_probes > 0) {
-                counted = s.sampled(at - s.lo, &row_end);
-                end = std::min<int64_t>(end, s.lo + row_end - offset);
-            }
-            end = std::min<int64_t>(end, s.hi - offset);
-        } else if (at < s.lo && s.lo < offset + n) {
-            end = s.lo - offset;
-        }
-        end = std::min<int64_t>(end, i + CHUNK);
+        const int64_t end = std::min<int64_t>(std::min<int64_t>(n, i + CHUNK), visitor.piece_end(at) - offset);
         const int64_t len = end - i;
         add_chunk(residual + at, x + i, len, clear);
-        if (inside) {
-            s.selected += select_chunk(residual + at, len, s.threshold, at, s.out + s.selected);
-            if (counted) count_chunk(residual + at, len, s.probes, s.num_probes, s.counts);
-        }
+        visitor.visit(residual + at, at, len);
         i = end;
     }
 }
 
-template <typename R, typename I>
+template <typename R, typename V>
 void accumulate_all(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
-                    int num_inputs, bool clear, Selection<R, I>& s) {
+                    int num_inputs, bool clear, V& visitor) {
     R* r = static_cast<R*>(residual);
     int64_t offset = 0;
     for (int k = 0; k < num_inputs; ++k) {
         void* x = const_cast<void*>(inputs[k]);
         switch (dtypes[k]) {
-            case F16: accumulate_segment(r, static_cast<Half*>(x), offset, sizes[k], clear, s); break;
-            case BF16: accumulate_segment(r, static_cast<BFloat*>(x), offset, sizes[k], clear, s); break;
-            case F32: accumulate_segment(r, static_cast<float*>(x), offset, sizes[k], clear, s); break;
-            default: accumulate_segment(r, static_cast<double*>(x), offset, sizes[k], clear, s); break;
+            case F16: accumulate_segment(r, static_cast<Half*>(x), offset, sizes[k], clear, visitor); break;
+            case BF16: accumulate_segment(r, static_cast<BFloat*>(x), offset, sizes[k], clear, visitor); break;
+            case F32: accumulate_segment(r, static_cast<float*>(x), offset, sizes[k], clear, visitor); break;
+            default: accumulate_segment(r, static_cast<double*>(x), offset, sizes[k], clear, visitor); break;
         }
         offset += sizes[k];
     }
+}
+
+template <typename R, typename I>
+Selection<R, I> selection(int64_t lo, int64_t hi, double threshold, void* out, const double* probes,
+                          int num_probes, int64_t row_len, int64_t every, int64_t sample_end) {
+    Selection<R, I> s;
+    s.lo = lo; s.hi = hi; s.threshold = R(threshold); s.out = static_cast<I*>(out);
+    s.num_probes = num_probes;
+    for (int p = 0; p < num_probes; ++p) s.probes[p] = R(probes[p]);
+    s.row_len = row_len; s.every = every; s.sample_end = sample_end;
+    return s;
 }
 
 template <typename R, typename I>
@@ -165,14 +207,32 @@ int64_t run(void* residual, const void* const* inputs, const int* dtypes, const 
             int num_inputs, int clear, int64_t lo, int64_t hi, double threshold, void* out,
             const double* probes, int num_probes, int64_t row_len, int64_t every, int64_t sample_end,
             int64_t* counts) {
-    Selection<R, I> s;
-    s.lo = lo; s.hi = hi; s.threshold = R(threshold); s.out = static_cast<I*>(out);
-    s.num_probes = num_probes;
-    for (int p = 0; p < num_probes; ++p) s.probes[p] = R(probes[p]);
-    s.row_len = row_len; s.every = every; s.sample_end = sample_end;
-    accumulate_all(residual, inputs, dtypes, sizes, num_inputs, clear != 0, s);
+    auto s = selection<R, I>(lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end);
+    accumulate_all<R>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, s);
     for (int p = 0; p < num_probes; ++p) counts[p] = s.counts[p];
     return s.selected;
+}
+
+// The selection of run() over a vector that is already accumulated: one read of [lo, hi).
+template <typename R, typename I>
+int64_t select_only(const void* x, int64_t lo, int64_t hi, double threshold, void* out,
+                    const double* probes, int num_probes, int64_t row_len, int64_t every,
+                    int64_t sample_end, int64_t* counts) {
+    auto s = selection<R, I>(lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end);
+    const R* r = static_cast<const R*>(x);
+    for (int64_t at = lo; at < hi;) {
+        const int64_t end = std::min<int64_t>(at + CHUNK, s.piece_end(at));
+        s.visit(r + at, at, end - at);
+        at = end;
+    }
+    for (int p = 0; p < num_probes; ++p) counts[p] = s.counts[p];
+    return s.selected;
+}
+
+bool valid_inputs(const int* dtypes, int num_inputs) {
+    for (int k = 0; k < num_inputs; ++k)
+        if (dtypes[k] < F16 || dtypes[k] > F64) return false;
+    return true;
 }
 
 template <typename X>
@@ -202,6 +262,12 @@ int hvd_sparse_all_finite(const void* data, int64_t n, int dtype) {
     }
 }
 
+// Zero n bytes at data: the C library's memset, which streams large blocks past the cache (about
+// twice as fast as torch's fill on tens of megabytes, which reads each line before writing it).
+void hvd_sparse_clear(void* data, int64_t bytes) {
+    if (bytes > 0) std::memset(data, 0, size_t(bytes));
+}
+
 // residual (residual_dtype F32 or F64, contiguous) += the inputs in order (each contiguous, of
 // dtypes[k] and sizes[k] elements), zeroing each input when clear != 0. Inside [lo, hi) writes
 // the indices with |a| >= threshold to out (index_bits 32 or 64; room for hi - lo) and returns
@@ -213,9 +279,7 @@ int64_t hvd_sparse_accumulate_select(void* residual, int residual_dtype, const v
                                      int index_bits, const double* probes, int num_probes,
                                      int64_t row_len, int64_t every, int64_t sample_end,
                                      int64_t* counts) {
-    if (num_probes > MAX_PROBES || num_probes < 0) return -1;
-    for (int k = 0; k < num_inputs; ++k)
-        if (dtypes[k] < F16 || dtypes[k] > F64) return -1;
+    if (num_probes > MAX_PROBES || num_probes < 0 || !valid_inputs(dtypes, num_inputs)) return -1;
     // One instantiation per (residual type, index type).
     auto go = [&](auto residual_tag, auto index_tag) {
         return run<decltype(residual_tag), decltype(index_tag)>(
@@ -225,6 +289,70 @@ int64_t hvd_sparse_accumulate_select(void* residual, int residual_dtype, const v
     const bool wide = index_bits == 64;
     if (residual_dtype == F32) return wide ? go(float{}, int64_t{}) : go(float{}, int32_t{});
     if (residual_dtype == F64) return wide ? go(double{}, int64_t{}) : go(double{}, int32_t{});
+    return -1;
+}
+
+// residual += the inputs, as hvd_sparse_accumulate_select without a selection, and in the same
+// pass Gaussian-k's moments of the result: sums[0] = shift (a[0]), sums[1] = Σd, sums[2] = Σd²
+// for d = a - a[0], *depth = the most roundings a term of them went through (sums.h). The
+// residual must hold at least one entry. Returns 0, or -1 for an unsupported dtype.
+int hvd_sparse_accumulate_moments(void* residual, int residual_dtype, const void* const* inputs,
+                                  const int* dtypes, const int64_t* sizes, int num_inputs, int clear,
+                                  double* sums, int64_t* depth) {
+    if (!valid_inputs(dtypes, num_inputs)) return -1;
+    Moments m;
+    if (residual_dtype == F32) accumulate_all<float>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, m);
+    else if (residual_dtype == F64) accumulate_all<double>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, m);
+    else return -1;
+    sums[0] = m.sums.shift;
+    sums[1] = m.sums.sums.total(0);
+    sums[2] = m.sums.sums.total(1);
+    *depth = m.sums.depth();
+    return 0;
+}
+
+// residual += the inputs, and in the same pass the sum of squares of each of the count
+// consecutive segments of the result (lengths, adding up to the residual's size; count >= 1)
+// into sums, with the most roundings a term went through into depths (sums.h). Returns 0, or -1
+// for an unsupported dtype or invalid lengths.
+int hvd_sparse_accumulate_norms(void* residual, int residual_dtype, const void* const* inputs,
+                                const int* dtypes, const int64_t* sizes, int num_inputs, int clear,
+                                const int64_t* lengths, int64_t count, double* sums, int64_t* depths) {
+    if (!valid_inputs(dtypes, num_inputs) || count < 1) return -1;
+    int64_t total = 0, covered = 0;
+    for (int k = 0; k < num_inputs; ++k) total += sizes[k];
+    for (int64_t s = 0; s < count; ++s) {
+        if (lengths[s] < 0) return -1;
+        covered += lengths[s];
+    }
+    if (covered != total) return -1;   // a piece must never run past the last segment
+    std::vector<hvd_sparse::SquareSums> squares(count);
+    SegmentSquares v;
+    v.lengths = lengths; v.count = count; v.sums = squares.data(); v.segment_end = lengths[0];
+    if (residual_dtype == F32) accumulate_all<float>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, v);
+    else if (residual_dtype == F64) accumulate_all<double>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, v);
+    else return -1;
+    for (int64_t s = 0; s < count; ++s) {
+        sums[s] = squares[s].sums.total(0);
+        depths[s] = squares[s].depth();
+    }
+    return 0;
+}
+
+// The selection of hvd_sparse_accumulate_select on an accumulated vector x (F32 or F64,
+// contiguous), read once: the indices in [lo, hi) with |x| >= threshold into out (room for
+// hi - lo), their count returned, and the probe counts over the sampled rows. -1: unsupported.
+int64_t hvd_sparse_select_at_least(const void* x, int dtype, int64_t lo, int64_t hi, double threshold,
+                                   void* out, int index_bits, const double* probes, int num_probes,
+                                   int64_t row_len, int64_t every, int64_t sample_end, int64_t* counts) {
+    if (num_probes > MAX_PROBES || num_probes < 0) return -1;
+    auto go = [&](auto value_tag, auto index_tag) {
+        return select_only<decltype(value_tag), decltype(index_tag)>(
+            x, lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end, counts);
+    };
+    const bool wide = index_bits == 64;
+    if (dtype == F32) return wide ? go(float{}, int64_t{}) : go(float{}, int32_t{});
+    if (dtype == F64) return wide ? go(double{}, int64_t{}) : go(double{}, int32_t{});
     return -1;
 }
 

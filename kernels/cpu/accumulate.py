@@ -1,5 +1,7 @@
-"""CPU ops of the threshold methods' step: finite check, error-feedback accumulation, and the fused
-accumulate-and-select (accumulate.cpp), with the semantics of the torch reference path.
+"""CPU ops of the threshold methods' step: finite check, error-feedback accumulation, the fused
+accumulate-and-select, the same selection on an accumulated vector, and accumulation with
+Gaussian-k's moments or DEFT's segment norms taken in the same pass (accumulate.cpp), with the
+semantics of the torch reference path.
 
 Each op returns None for arguments it has no kernel for (a dtype outside fp16/bf16/fp32/fp64, a
 residual that is not a contiguous fp32/fp64 CPU vector): the caller then runs the reference ops.
@@ -12,8 +14,9 @@ import ctypes
 import numpy as np
 import torch
 
-from ...backends.base import sample_shape
+from ...backends.base import float32_norms, mean_std_from_sums, sample_shape
 from ._library import bind
+from .norms import exact_mean_std
 
 _CODES = {torch.float16: 0, torch.bfloat16: 1, torch.float32: 2, torch.float64: 3}
 _RESIDUAL_TYPES = {torch.float32: np.float32, torch.float64: np.float64}
@@ -21,11 +24,18 @@ _INDEX_BITS = {torch.int32: 32, torch.int64: 64}
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
 _all_finite = bind("hvd_sparse_all_finite", ctypes.c_int, [_ptr, _i64, ctypes.c_int])
-_accumulate_select = bind(
-    "hvd_sparse_accumulate_select", _i64,
-    [_ptr, ctypes.c_int, ctypes.POINTER(_ptr), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_i64),
-     ctypes.c_int, ctypes.c_int, _i64, _i64, ctypes.c_double, _ptr, ctypes.c_int,
-     ctypes.POINTER(ctypes.c_double), ctypes.c_int, _i64, _i64, _i64, ctypes.POINTER(_i64)])
+_INPUTS = [_ptr, ctypes.c_int, ctypes.POINTER(_ptr), ctypes.POINTER(ctypes.c_int), ctypes.POINTER(_i64),
+           ctypes.c_int, ctypes.c_int]   # residual, its dtype, the inputs, their dtypes and sizes, clear
+# threshold, out, index bits, probes, their number, row_len, every, sample_end, counts
+_SELECTION = [ctypes.c_double, _ptr, ctypes.c_int, ctypes.POINTER(ctypes.c_double), ctypes.c_int, _i64, _i64,
+              _i64, ctypes.POINTER(_i64)]
+_accumulate_select = bind("hvd_sparse_accumulate_select", _i64, [*_INPUTS, _i64, _i64, *_SELECTION])
+_accumulate_moments = bind("hvd_sparse_accumulate_moments", ctypes.c_int,
+                           [*_INPUTS, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(_i64)])
+_accumulate_norms = bind("hvd_sparse_accumulate_norms", ctypes.c_int,
+                         [*_INPUTS, _ptr, _i64, _ptr, _ptr])
+_select_at_least = bind("hvd_sparse_select_at_least", _i64, [_ptr, ctypes.c_int, _i64, _i64, *_SELECTION])
+_clear = bind("hvd_sparse_clear", None, [_ptr, _i64])
 MAX_PROBES = 8
 
 
@@ -41,6 +51,15 @@ def all_finite(tensors: list[torch.Tensor]) -> bool | None:
         flat = t.contiguous()
         if not _all_finite(flat.data_ptr(), flat.numel(), _CODES[t.dtype]):
             return False
+    return True
+
+
+def clear(tensors: list[torch.Tensor]) -> bool | None:
+    """Every tensor set to zero (+0.0, as ``zero_``) in place, large ones faster than ``zero_``."""
+    if not all(t.device.type == "cpu" and t.is_contiguous() for t in tensors):
+        return None
+    for t in tensors:
+        _clear(t.data_ptr(), t.numel() * t.element_size())
     return True
 
 
@@ -74,38 +93,127 @@ def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tens
     return None if done is None else (True, *done)
 
 
-def _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype):
-    if (residual.device.type != "cpu" or residual.dtype not in _RESIDUAL_TYPES or residual.dim() != 1
-            or not residual.is_contiguous() or not _handled(tensors) or index_dtype not in _INDEX_BITS
-            or len(probes) > MAX_PROBES or sum(t.numel() for t in tensors) != residual.numel()
-            or not 0 <= lo <= hi <= residual.numel()):
-        return None
+def _supported(residual: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
+    return (residual.device.type == "cpu" and residual.dtype in _RESIDUAL_TYPES and residual.dim() == 1
+            and residual.is_contiguous() and _handled(tensors)
+            and sum(t.numel() for t in tensors) == residual.numel())
+
+
+def _accumulating(residual, tensors, clear_inputs, kernel, *rest):
+    """``kernel(residual, its dtype, the inputs, their dtypes and sizes, clear, *rest)``, the inputs
+    read through contiguous copies where they are not contiguous (and cleared afterwards)."""
     flats = [t if t.is_contiguous() else t.contiguous() for t in tensors]
     count = len(flats)
     pointers = (_ptr * count)(*[t.data_ptr() for t in flats])
     dtypes = (ctypes.c_int * count)(*[_CODES[t.dtype] for t in flats])
     sizes = (_i64 * count)(*[t.numel() for t in flats])
-    # Thresholds rounded to the residual's dtype, as NumPy and torch round a Python float they
-    # compare an array with.
-    kind = _RESIDUAL_TYPES[residual.dtype]
-    length = hi - lo
-    rounded = (ctypes.c_double * max(len(probes), 1))(*[float(kind(p)) for p in probes])
-    counts = (_i64 * max(len(probes), 1))()
-    shape = sample_shape(length, every)
-    row_len, sample_end = (0, 0) if shape is None else (shape[1], shape[0] * shape[1])
-    out = torch.empty(length, dtype=index_dtype)
-    selected = _accumulate_select(
-        residual.data_ptr(), _CODES[residual.dtype], pointers, dtypes, sizes, count,
-        int(clear_inputs), lo, hi, float(kind(threshold)), out.data_ptr(), _INDEX_BITS[index_dtype],
-        rounded, len(probes), row_len, every, sample_end, counts)
-    if selected < 0:
-        return None
-    if clear_inputs:   # inputs read through a contiguous copy were cleared in the copy only
+    result = kernel(residual.data_ptr(), _CODES[residual.dtype], pointers, dtypes, sizes, count,
+                    int(clear_inputs), *rest)
+    if result >= 0 and clear_inputs:   # inputs read through a contiguous copy were cleared in the copy only
         for t, flat in zip(tensors, flats, strict=True):
             if flat is not t:
                 t.zero_()
-    sampled = length if shape is None else len(range(0, shape[0], every)) * shape[1]
-    # The reference's scaling, operation for operation (count_at_least).
-    scaled = [float(c) * length / sampled if sampled else 0.0 for c in counts[:len(probes)]]
-    # A short selection is copied out so the buffer (room for the whole range) is freed.
-    return (out[:selected] if 2 * selected > length else out[:selected].clone()), scaled
+    return result
+
+
+class _Selected:
+    """The arguments and output buffer of a selection in [lo, hi) with probe counts, and the
+    counts scaled as the reference's ``count_at_least`` scales its sample."""
+
+    def __init__(self, dtype: torch.dtype, lo: int, hi: int, threshold: float, probes: list[float],
+                 every: int, index_dtype: torch.dtype):
+        # Thresholds rounded to the vector's dtype, as NumPy and torch round a Python float they
+        # compare an array with.
+        kind = _RESIDUAL_TYPES[dtype]
+        with np.errstate(over="ignore"):   # beyond the dtype: rounds to Inf, as the reference's does
+            self.threshold = float(kind(threshold))
+            rounded = [float(kind(p)) for p in probes]
+        self.length = hi - lo
+        self.probes = len(probes)
+        self.rounded = (ctypes.c_double * max(len(probes), 1))(*rounded)
+        self.counts = (_i64 * max(len(probes), 1))()
+        shape = sample_shape(self.length, every)
+        self.row_len, self.sample_end = (0, 0) if shape is None else (shape[1], shape[0] * shape[1])
+        self.sampled = self.length if shape is None else len(range(0, shape[0], every)) * shape[1]
+        self.every = every
+        self.out = torch.empty(self.length, dtype=index_dtype)
+
+    def arguments(self) -> tuple:
+        """threshold, out, index bits, probes, num_probes, row_len, every, sample_end, counts."""
+        return (self.threshold, self.out.data_ptr(), _INDEX_BITS[self.out.dtype], self.rounded, self.probes,
+                self.row_len, self.every, self.sample_end, self.counts)
+
+    def result(self, selected: int) -> tuple[torch.Tensor, list[float]]:
+        scaled = [float(c) * self.length / self.sampled if self.sampled else 0.0
+                  for c in self.counts[:self.probes]]
+        # A short selection is copied out so the buffer (room for the whole range) is freed.
+        out = self.out
+        return (out[:selected] if 2 * selected > self.length else out[:selected].clone()), scaled
+
+
+def _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype):
+    if (not _supported(residual, tensors) or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES
+            or not 0 <= lo <= hi <= residual.numel()):
+        return None
+    selection = _Selected(residual.dtype, lo, hi, threshold, probes, every, index_dtype)
+    threshold, out, bits, *rest = selection.arguments()
+    selected = _accumulating(residual, tensors, clear_inputs, _accumulate_select, lo, hi, threshold, out,
+                             bits, *rest)
+    return None if selected < 0 else selection.result(selected)
+
+
+def select_at_least(x: torch.Tensor, lo: int, hi: int, threshold: float, probes: list[float], every: int,
+                    index_dtype: torch.dtype = torch.int64) -> tuple[torch.Tensor, list[float]] | None:
+    """The reference ``select_at_least`` on an accumulated fp32/fp64 vector, in one read and no
+    temporary of its size: the ascending indices i in [lo, hi) with |x_i| >= threshold (rounded to
+    x's dtype; NaN never passes, Inf does) and the probe counts of ``count_at_least``."""
+    if (x.device.type != "cpu" or x.dtype not in _RESIDUAL_TYPES or x.dim() != 1
+            or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES or not 0 <= lo <= hi <= x.numel()):
+        return None
+    flat = x if x.is_contiguous() else x.contiguous()
+    selection = _Selected(x.dtype, lo, hi, threshold, probes, every, index_dtype)
+    selected = _select_at_least(flat.data_ptr(), _CODES[x.dtype], lo, hi, *selection.arguments())
+    return None if selected < 0 else selection.result(selected)
+
+
+def abs_at_least(x: torch.Tensor, lo: int, hi: int, threshold: float,
+                 index_dtype: torch.dtype = torch.int64) -> torch.Tensor | None:
+    """``select_at_least`` without probes: the indices alone."""
+    done = select_at_least(x, lo, hi, threshold, [], 1, index_dtype)
+    return None if done is None else done[0]
+
+
+def accumulate_moments(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
+                       check_finite: bool) -> tuple[bool, tuple[float, float] | None] | None:
+    """(finite, (mean, std)): ``all_finite`` when asked, then ``accumulate`` and in the same pass
+    the shifted float64 sums of the result, from which ``mean_std_from_sums`` gives the reference
+    ``mean_std`` exactly. When an input holds NaN/Inf nothing is written: (False, None)."""
+    if not _supported(residual, tensors) or residual.numel() == 0:
+        return None
+    if check_finite and not all_finite(tensors):
+        return False, None
+    sums = (ctypes.c_double * 3)()
+    depth = _i64()
+    if _accumulating(residual, tensors, clear_inputs, _accumulate_moments, sums, ctypes.byref(depth)) < 0:
+        return None
+    shift, t1, t2 = sums
+    return True, mean_std_from_sums(residual.numel(), shift, t1, t2, depth.value, lambda: residual,
+                                    exact_mean_std)
+
+
+def accumulate_norms(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int]
+                     ) -> np.ndarray | None:
+    """``accumulate``, and in the same pass the reference ``segment_norms`` of the result: the
+    float64 sums of squares of each segment, turned into float32 norms by ``float32_norms``."""
+    if (not _supported(residual, tensors) or not lengths or any(length < 0 for length in lengths)
+            or sum(lengths) != residual.numel()):
+        return None
+    sizes = np.ascontiguousarray(lengths, dtype=np.int64)
+    sums = np.zeros(len(lengths), dtype=np.float64)
+    depths = np.zeros(len(lengths), dtype=np.int64)
+    if _accumulating(residual, tensors, False, _accumulate_norms, sizes.ctypes.data, len(lengths),
+                     sums.ctypes.data, depths.ctypes.data) < 0:
+        return None
+    starts = np.cumsum([0, *lengths]).tolist()
+    return float32_norms(sums.tolist(), depths.tolist(),
+                         lambda i: residual[starts[i]:starts[i + 1]].numpy())

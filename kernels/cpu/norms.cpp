@@ -10,28 +10,14 @@
 
 #include <cstdint>
 
+#include "sums.h"
+
 namespace {
 
-constexpr int64_t kLanes = 8;
-constexpr int64_t kBlock = 2048;
+using hvd_sparse::kLanes;
+using hvd_sparse::kLanesDepth;
 
-template <typename T>
-double block_sum(const T* x, int64_t n) {   // n <= kBlock
-  double lane[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const double v = double(x[i + l]);
-      lane[l] += v * v;
-    }
-  for (int64_t l = 0; i < n; ++i, ++l) {
-    const double v = double(x[i]);
-    lane[l] += v * v;
-  }
-  for (int64_t width = kLanes / 2; width > 0; width /= 2)
-    for (int64_t l = 0; l < width; ++l) lane[l] += lane[l + width];
-  return lane[0];
-}
+constexpr int64_t kBlock = 2048;
 
 template <typename T>
 int segment_sumsq(const T* x, const int64_t* lengths, int64_t count, double* sums) {
@@ -41,7 +27,7 @@ int segment_sumsq(const T* x, const int64_t* lengths, int64_t count, double* sum
     double total = 0.0;
     for (int64_t start = 0; start < lengths[s]; start += kBlock) {
       const int64_t n = lengths[s] - start < kBlock ? lengths[s] - start : kBlock;
-      total += block_sum(x + start, n);
+      total += hvd_sparse::lane_sumsq(x + start, n);
     }
     sums[s] = total;
     x += lengths[s];
@@ -54,9 +40,7 @@ int segment_sumsq(const T* x, const int64_t* lengths, int64_t count, double* sum
 extern "C" {
 
 int64_t hvd_sparse_segment_sumsq_depth(int64_t length) {
-  int64_t lanes_depth = 0;
-  for (int64_t width = kLanes; width > 1; width /= 2) ++lanes_depth;
-  return kBlock / kLanes + lanes_depth + (length + kBlock - 1) / kBlock;
+  return kBlock / kLanes + kLanesDepth + (length + kBlock - 1) / kBlock;
 }
 int hvd_sparse_segment_sumsq_f32(const float* x, const int64_t* lengths, int64_t count, double* sums) {
   return segment_sumsq(x, lengths, count, sums);
@@ -68,11 +52,10 @@ int hvd_sparse_segment_sumsq_f64(const double* x, const int64_t* lengths, int64_
 }  // extern "C"
 
 // Shifted first and second moments (Gaussian-k's mean and standard deviation), one pass, one
-// thread: t1 = Σd and t2 = Σd² in float64 for d = x - x[0]. A block of kMomentBlock entries is
-// summed in kLanes interleaved lanes, the lanes pairwise; blocks are summed kFanout at a time,
-// those sums kFanout at a time, and the rest in order, so a term goes through at most
-// hvd_sparse_moments_depth(n) roundings (shift and square included) and the caller
-// (hvd_sparse/backends/base.py certain_mean_std) can tell whether the float32 results are certain.
+// thread: t1 = Σd and t2 = Σd² in float64 for d = x - x[0], in blocks of kMomentBlock entries
+// (hvd_sparse::MomentSums), so a term goes through at most hvd_sparse_moments_depth(n) roundings
+// (shift and square included) and the caller (hvd_sparse/backends/base.py certain_mean_std) can
+// tell whether the float32 results are certain.
 //
 // C ABI: hvd_sparse_moments_<f32|f64>(x, n, sums) writes sums[0] = shift, sums[1] = t1,
 // sums[2] = t2; 0 or -1.
@@ -80,59 +63,16 @@ int hvd_sparse_segment_sumsq_f64(const double* x, const int64_t* lengths, int64_
 namespace {
 
 constexpr int64_t kMomentBlock = 512;
-constexpr int64_t kFanout = 64;
-
-template <typename T>
-void block_moments(const T* x, int64_t n, double shift, double* s1, double* s2) {   // n <= kMomentBlock
-  double a[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  double b[kLanes] = {0, 0, 0, 0, 0, 0, 0, 0};
-  int64_t i = 0;
-  for (; i + kLanes <= n; i += kLanes)
-    for (int64_t l = 0; l < kLanes; ++l) {
-      const double d = double(x[i + l]) - shift;
-      a[l] += d;
-      b[l] += d * d;
-    }
-  for (int64_t l = 0; i < n; ++i, ++l) {
-    const double d = double(x[i]) - shift;
-    a[l] += d;
-    b[l] += d * d;
-  }
-  for (int64_t width = kLanes / 2; width > 0; width /= 2)
-    for (int64_t l = 0; l < width; ++l) {
-      a[l] += a[l + width];
-      b[l] += b[l + width];
-    }
-  *s1 = a[0];
-  *s2 = b[0];
-}
 
 template <typename T>
 int moments(const T* x, int64_t n, double* sums) {
   if (n < 1 || x == nullptr || sums == nullptr) return -1;
-  const double shift = double(x[0]);
-  double level1[2] = {0, 0}, level2[2] = {0, 0}, level3[2] = {0, 0};
-  int64_t blocks = 0;
-  for (int64_t start = 0; start < n; start += kMomentBlock) {
-    const int64_t m = n - start < kMomentBlock ? n - start : kMomentBlock;
-    double s1, s2;
-    block_moments(x + start, m, shift, &s1, &s2);
-    level1[0] += s1;
-    level1[1] += s2;
-    if (++blocks % kFanout == 0) {
-      level2[0] += level1[0];
-      level2[1] += level1[1];
-      level1[0] = level1[1] = 0;
-      if (blocks % (kFanout * kFanout) == 0) {
-        level3[0] += level2[0];
-        level3[1] += level2[1];
-        level2[0] = level2[1] = 0;
-      }
-    }
-  }
-  sums[0] = shift;
-  sums[1] = level3[0] + level2[0] + level1[0];
-  sums[2] = level3[1] + level2[1] + level1[1];
+  hvd_sparse::MomentSums m;
+  for (int64_t start = 0; start < n; start += kMomentBlock)
+    m.add(x + start, n - start < kMomentBlock ? n - start : kMomentBlock);
+  sums[0] = m.shift;
+  sums[1] = m.sums.total(0);
+  sums[2] = m.sums.total(1);
   return 0;
 }
 
@@ -141,9 +81,41 @@ int moments(const T* x, int64_t n, double* sums) {
 extern "C" {
 
 int64_t hvd_sparse_moments_depth(int64_t n) {
-  return kMomentBlock / kLanes + 3 + 2 * kFanout + n / (kMomentBlock * kFanout * kFanout) + 8;
+  hvd_sparse::MomentSums m;   // the depth of the blocks moments() feeds, without the data
+  m.sums.longest = n < kMomentBlock ? n : kMomentBlock;
+  m.sums.pieces = (n + kMomentBlock - 1) / kMomentBlock;
+  return m.depth();
 }
 int hvd_sparse_moments_f32(const float* x, int64_t n, double* sums) { return moments(x, n, sums); }
 int hvd_sparse_moments_f64(const double* x, int64_t n, double* sums) { return moments(x, n, sums); }
 
 }  // extern "C"
+
+// The exact sums behind mean_std, for the rare vectors whose float64 sums cannot decide the
+// float32 results (hvd_sparse/backends/base.py exact_mean_std does the same in NumPy, some
+// hundred times slower). An fp32 entry is ±M·2^(E'-150) with the integer M < 2^24 and E' its
+// biased exponent (1 for subnormals); per E', bins[4E'..4E'+3] accumulate ΣM (signed) and, with
+// M = a·2^12 + b, Σa², Σ2ab and Σb² (M² = a²·2^24 + 2ab·2^12 + b²). At most 2^25 entries per call,
+// so that no bin can overflow; the caller adds the calls' bins as integers.
+//
+// C ABI: hvd_sparse_exact_sums_f32(x, n, bins) with room for 256 * 4 bins (zeroed here); 0, or 1
+// when x holds NaN/Inf (bins then unspecified), -1 for n outside [0, 2^25].
+
+extern "C" int hvd_sparse_exact_sums_f32(const void* x, int64_t n, int64_t* bins) {
+  if (n < 0 || n > (int64_t(1) << 25)) return -1;
+  for (int64_t i = 0; i < 256 * 4; ++i) bins[i] = 0;
+  const uint32_t* bits = static_cast<const uint32_t*>(x);
+  for (int64_t i = 0; i < n; ++i) {
+    const uint32_t u = bits[i];
+    const uint32_t biased = (u >> 23) & 0xffu;
+    if (biased == 0xffu) return 1;
+    const int64_t m = int64_t((u & 0x7fffffu) | (biased ? 0x800000u : 0u));
+    const int64_t a = m >> 12, b = m & 0xfff;
+    int64_t* bin = bins + 4 * (biased ? biased : 1);
+    bin[0] += (u >> 31) ? -m : m;
+    bin[1] += a * a;
+    bin[2] += 2 * a * b;
+    bin[3] += b * b;
+  }
+  return 0;
+}

@@ -23,13 +23,10 @@
 //
 // C ABI (loaded with ctypes): hvd_sparse_topk_abs_<f32|f64>_<i32|i64>(x, n, k, out) writes the k
 // indices into out and returns 0, or -1 for invalid arguments, -2 when memory ran out.
-// hvd_sparse_abs_at_least_<f32|f64>_<i32|i64>(x, lo, hi, threshold, out, capacity): the same scan
-// for a given threshold (|x| >= threshold, no sort), returning the count.
 
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
-#include <cstring>
 #include <functional>
 #include <new>
 #include <vector>
@@ -213,67 +210,9 @@ int topk_abs(const void* data, int64_t n, int64_t k, I* out) {
   }
 }
 
-// |x_i| >= threshold for i in [lo, hi): ascending absolute indices into out (room for capacity),
-// returns how many there are (writing only the first capacity). NaN never passes, Inf does.
-template <typename U, typename I>
-int64_t abs_at_least(const U* x, int64_t lo, int64_t hi, U threshold_key, I* out, int64_t capacity) {
-  using S = typename KeyTraits<U>::Signed;
-  constexpr U inf_key = KeyTraits<U>::nan_key - 1;
-  const S least = S(threshold_key);
-  int64_t count = 0;
-  auto visit = [&](int64_t i) {
-    const U key = x[i] & KeyTraits<U>::mask;
-    if (key >= threshold_key && key <= inf_key) {
-      if (count < capacity) out[count] = I(i);
-      ++count;
-    }
-  };
-  int64_t i = lo;
-  for (; i + kBlock <= hi; i += kBlock) {
-    S any = 0;
-    for (int64_t j = 0; j < kBlock; ++j) any |= S(S(x[i + j] & KeyTraits<U>::mask) >= least);
-    if (!any) continue;
-    for (int64_t j = i; j < i + kBlock; ++j) visit(j);
-  }
-  for (; i < hi; ++i) visit(i);
-  return count;
-}
-
-// The key entries must reach for |x| >= threshold (threshold already in x's dtype): the key of a
-// positive threshold, 0 for one <= 0 (every magnitude passes); a NaN threshold passes nothing.
-template <typename U, typename F>
-U threshold_key(F threshold) {
-  if (threshold != threshold) return KeyTraits<U>::nan_key;   // above every non-NaN key
-  if (threshold <= F(0)) return 0;
-  U bits;
-  std::memcpy(&bits, &threshold, sizeof bits);
-  return bits;
-}
-
 }  // namespace
 
 extern "C" {
-
-int64_t hvd_sparse_abs_at_least_f32_i32(const void* x, int64_t lo, int64_t hi, double threshold,
-                                        int32_t* out, int64_t capacity) {
-  return abs_at_least(static_cast<const uint32_t*>(x), lo, hi,
-                      threshold_key<uint32_t>(float(threshold)), out, capacity);
-}
-int64_t hvd_sparse_abs_at_least_f32_i64(const void* x, int64_t lo, int64_t hi, double threshold,
-                                        int64_t* out, int64_t capacity) {
-  return abs_at_least(static_cast<const uint32_t*>(x), lo, hi,
-                      threshold_key<uint32_t>(float(threshold)), out, capacity);
-}
-int64_t hvd_sparse_abs_at_least_f64_i32(const void* x, int64_t lo, int64_t hi, double threshold,
-                                        int32_t* out, int64_t capacity) {
-  return abs_at_least(static_cast<const uint64_t*>(x), lo, hi, threshold_key<uint64_t>(threshold), out,
-                      capacity);
-}
-int64_t hvd_sparse_abs_at_least_f64_i64(const void* x, int64_t lo, int64_t hi, double threshold,
-                                        int64_t* out, int64_t capacity) {
-  return abs_at_least(static_cast<const uint64_t*>(x), lo, hi, threshold_key<uint64_t>(threshold), out,
-                      capacity);
-}
 
 int hvd_sparse_topk_abs_f32_i32(const void* x, int64_t n, int64_t k, int32_t* out) {
   return topk_abs<uint32_t, int32_t>(x, n, k, out);

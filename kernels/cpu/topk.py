@@ -13,17 +13,11 @@ import ctypes
 
 import torch
 
-from ._library import bind
+from ._library import bind, value_index_types
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
-_TYPES = [(value, value_name, index, index_name)
-          for value, value_name in ((torch.float32, "f32"), (torch.float64, "f64"))
-          for index, index_name in ((torch.int32, "i32"), (torch.int64, "i64"))]
 _FUNCTIONS = {(value, index): bind(f"hvd_sparse_topk_abs_{v}_{i}", ctypes.c_int, [_ptr, _i64, _i64, _ptr])
-              for value, v, index, i in _TYPES}
-_AT_LEAST = {(value, index): bind(f"hvd_sparse_abs_at_least_{v}_{i}", _i64,
-                                  [_ptr, _i64, _i64, ctypes.c_double, _ptr, _i64])
-             for value, v, index, i in _TYPES}
+              for value, v, index, i in value_index_types()}
 
 
 def topk_abs(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64) -> torch.Tensor | None:
@@ -45,21 +39,3 @@ def topk_abs(x: torch.Tensor, k: int, index_dtype: torch.dtype = torch.int64) ->
     if status != 0:
         raise RuntimeError(f"top-k kernel refused its arguments (n={n}, k={k}, status {status})")
     return out
-
-
-def abs_at_least(x: torch.Tensor, lo: int, hi: int, threshold: float,
-                 index_dtype: torch.dtype = torch.int64) -> torch.Tensor | None:
-    """Ascending absolute indices i in [lo, hi) with |x_i| >= threshold (rounded to x's dtype, as
-    NumPy and torch compare a tensor with a Python float; NaN never passes, Inf does): the
-    reference ``select_at_least`` without probes, in one read and no temporary of x's size."""
-    function = _AT_LEAST.get((x.dtype, index_dtype))
-    if function is None or x.device.type != "cpu" or x.dim() != 1 or not 0 <= lo <= hi <= x.numel():
-        return None
-    flat = x if x.is_contiguous() else x.contiguous()
-    capacity = min(hi - lo, 4096 + (hi - lo) // 128)   # a guess; a second pass if it was short
-    out = torch.empty(capacity, dtype=index_dtype)
-    count = function(flat.data_ptr(), lo, hi, threshold, out.data_ptr(), capacity)
-    if count > capacity:
-        out = torch.empty(count, dtype=index_dtype)
-        function(flat.data_ptr(), lo, hi, threshold, out.data_ptr(), count)
-    return out[:count]

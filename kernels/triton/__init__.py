@@ -14,6 +14,9 @@ The ops of the kernel contract, with the reference's results bit for bit:
 * ``accumulate_select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
   clear_inputs)``                                            -- 1 (the count the allgather needs)
 * ``topk_abs(x, k, index_dtype)``                            -- 0 (the output size is k)
+* ``mean_std(x)``, ``segment_norms(x, lengths)``               -- 1 (the sums; sums.py)
+* ``accumulate_moments(residual, tensors, clear_inputs, check_finite)``,
+  ``accumulate_norms(residual, tensors, lengths)``           -- 1 (the finite flag with the sums)
 
 Host synchronizations. Each one stalls the host until the GPU has drained its queue, so a bucket
 takes at most one per step: the count of selected entries, which the allgather needs on the host.
@@ -57,7 +60,9 @@ from .accumulate import (
     all_finite,
     finite_flag,
 )
+from .sums import accumulate_moments, accumulate_norms, mean_std, segment_norms
 from .topk import topk_abs
 
-__all__ = ["accumulate", "accumulate_if_finite", "accumulate_select", "accumulate_select_if_finite",
-           "all_finite", "finite_flag", "topk_abs"]
+__all__ = ["accumulate", "accumulate_if_finite", "accumulate_moments", "accumulate_norms",
+           "accumulate_select", "accumulate_select_if_finite", "all_finite", "finite_flag", "mean_std",
+           "segment_norms", "topk_abs"]

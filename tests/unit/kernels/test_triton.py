@@ -98,6 +98,14 @@ if HAS_TRITON and not INTERPRETED:
              dict(x_ptr=input_dtype, state_ptr=torch.int64, ends_ptr=torch.int64,
                   index_ptr=torch.int64),
              dict(NAN_KEY=g, **block)),
+            *[("sums", "_tile_sums_kernel",
+               dict(x_ptr=residual_dtype, tile_start_ptr=torch.int64, tile_end_ptr=torch.int64,
+                    out_ptr=torch.float64),
+               dict(MOMENTS=moments, ROWS=32, COLS=32)) for moments in (True, False)],
+            ("sums", "_segment_totals_kernel",
+             dict(tile_sums_ptr=torch.float64, first_tile_ptr=torch.int64, tiles_ptr=torch.int64,
+                  out_ptr=torch.float64),
+             dict(ROWS=32, COLS=32)),
         ], ints
 
     @pytest.mark.parametrize("residual_dtype, input_dtype, n", [

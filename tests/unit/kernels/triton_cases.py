@@ -22,9 +22,10 @@ if not INTERPRETED and not torch.cuda.is_available():
                        "Triton is imported (tests/unit/kernels/test_triton.py sets it)")
 
 import hvd_sparse.kernels.triton as kt  # noqa: E402
+from hvd_sparse.kernels.triton import _common as common  # noqa: E402
+
 from hvd_sparse import kernels  # noqa: E402
 from hvd_sparse.backends.torch_backend import TorchBackend  # noqa: E402
-from hvd_sparse.kernels.triton import _common as common  # noqa: E402
 
 DEVICE = "cpu" if INTERPRETED else "cuda"
 MODULE = "hvd_sparse.kernels.triton"
@@ -354,6 +355,93 @@ def test_topk_abs_tiny_and_empty():
     assert kt.topk_abs(one, 1, torch.int32).tolist() == [0]
     pair = torch.tensor([1.0, -2.0], device=DEVICE, dtype=torch.float64)
     assert kt.topk_abs(pair, 1, torch.int32).tolist() == [1]
+
+
+# --- moments and norms (sums.py) ------------------------------------------------------------------------
+@pytest.fixture
+def small_tiles(monkeypatch):
+    """Tiles of 2 blocks of 4 x 4 entries, tile sums in chunks of 16: a few thousand entries span
+    many tiles, several chunks per segment, tiles that end inside a block."""
+    from hvd_sparse.kernels.triton import sums
+    monkeypatch.setattr(sums, "ROWS", 4)
+    monkeypatch.setattr(sums, "COLS", 4)
+    monkeypatch.setattr(sums, "TILE_BLOCKS", 2)
+
+
+def same_floats(a, b) -> bool:
+    return np.array(a, dtype=np.float64).tobytes() == np.array(b, dtype=np.float64).tobytes()
+
+
+LENGTHS = [0, 1, 31, 0, 33, 1000]   # 1065 entries; then the rest of the vector
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_mean_std_and_segment_norms(kind, dtype, small_tiles):
+    x = values(kind, 1601, dtype, 30)
+    assert same_floats(kt.mean_std(x), REF.mean_std(x)), kind
+    lengths = [*LENGTHS, x.numel() - sum(LENGTHS)]
+    np.testing.assert_array_equal(kt.segment_norms(x, lengths), REF.segment_norms(x, lengths))
+    np.testing.assert_array_equal(kt.segment_norms(x.reshape(1601, 1).t(), [1601]),
+                                  REF.segment_norms(x, [1601]))
+
+
+def test_moments_that_the_sums_cannot_decide_come_from_the_exact_sums(small_tiles, monkeypatch):
+    from hvd_sparse.backends import base
+    x = values("heavy", 2000, torch.float32, 31)
+    fast = kt.mean_std(x)
+    monkeypatch.setattr(base, "certain_mean_std", lambda *args: None)
+    assert same_floats(kt.mean_std(x), fast) and same_floats(fast, REF.mean_std(x))
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("check_finite", [False, True])
+def test_accumulate_moments(kind, residual_dtype, check_finite, small_tiles):
+    tensors = bucket(kind, 32)
+    residual = residual_for(tensors, residual_dtype, 33)
+    before = residual.clone()
+    expected = REF.accumulate_moments(before.clone(), clones(tensors), True, check_finite)
+    inputs = clones(tensors)
+    finite, moments = kt.accumulate_moments(residual, inputs, True, check_finite)
+    assert finite is expected[2] is (not check_finite or kind != "nonfinite")
+    assert same_bits(residual, expected[0]) and same_floats(moments, expected[1])
+    for t, x in zip(tensors, inputs, strict=True):
+        assert same_bits(x, torch.zeros_like(t) if finite else t)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+def test_accumulate_norms(kind, residual_dtype, small_tiles):
+    tensors = bucket(kind, 34)
+    residual = residual_for(tensors, residual_dtype, 35)
+    lengths = [*LENGTHS, residual.numel() - sum(LENGTHS)]
+    expected = REF.accumulate_norms(residual.clone(), clones(tensors), lengths)
+    inputs = clones(tensors)
+    norms = kt.accumulate_norms(residual, inputs, lengths)
+    assert same_bits(residual, expected[0])
+    np.testing.assert_array_equal(norms, expected[1])
+    assert all(same_bits(x, t) for t, x in zip(tensors, inputs, strict=True))
+
+
+def test_sums_at_default_tile_size():
+    """The shipped tile sizes, not only the shrunk ones."""
+    tensors = [values("heavy", 2500, torch.float32, 36), values("random", 3000, torch.bfloat16, 37)]
+    residual = residual_for(tensors, torch.float32, 38)
+    expected = REF.accumulate_moments(residual.clone(), clones(tensors))
+    assert same_floats(kt.accumulate_moments(residual, clones(tensors), False, False)[1], expected[1])
+    np.testing.assert_array_equal(kt.segment_norms(residual, [2500, 3000]),
+                                  REF.segment_norms(residual, [2500, 3000]))
+
+
+def test_sums_decline_what_they_do_not_handle():
+    x = values("random", 10, torch.float32, 39)
+    assert kt.mean_std(x.half()) is None and kt.mean_std(x[:1]) is None
+    assert kt.segment_norms(x, [3, 4]) is None and kt.segment_norms(x, []) is None
+    assert kt.segment_norms(x, [11, -1]) is None
+    half = torch.zeros(10, dtype=torch.float16, device=DEVICE)
+    assert kt.accumulate_moments(half, [x], False, False) is None
+    assert kt.accumulate_norms(torch.zeros(10, device=DEVICE), [x], [9]) is None
 
 
 # --- what the kernels leave to the reference path --------------------------------------------------
