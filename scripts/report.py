@@ -23,6 +23,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("select.md", "Selection cost, kernels on and off",
      "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on off "
      "--out-dir bench"),
+    ("select-1e8/select.md", "Selection cost at 1e8 elements, kernels on and off",
+     "python scripts/bench_select.py --sizes 1e8 --world-sizes --repeats 3 --kernels on off "
+     "--methods exdyna micro topk lags deft dgc gaussiank --no-tensorflow --out-dir bench/select-1e8"),
     ("fidelity.md", "Fidelity: density error, imbalance, build-up", "python scripts/fidelity.py"),
     ("convergence.md", "Convergence", "python scripts/convergence.py"),
     ("convergence-long/convergence.md", "Convergence over a longer budget (char-LSTM)",
@@ -38,7 +41,7 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("e2e-kernels.md", "End to end with the kernels on and off (`X@ref`: kernels off)",
      "python scripts/bench_e2e.py --models mlp25m --nets 1gbit --sizes 2 --configs "
      "dense,exdyna-tracking,exdyna-tracking@ref,topk,topk@ref,deft,deft@ref,lags,lags@ref "
-     "--out bench/e2e-kernels"),
+     "--repeats 5 --steps 3 --sparse-warmup 8 --out bench/e2e-kernels"),
     ("sim_scale.md", "Simulator scale", "python scripts/sim_scale.py"),
     ("soak.md", "Soak (2 ranks, 3000 steps per method)", "python scripts/soak.py"),
 ]
@@ -66,8 +69,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     row), "verdict" (a qualified verdict) and "figure" or "measured" (the numbers behind it)."""
     rows: list[tuple[str, str, str]] = []
     grouped: dict[str, list[dict]] = {}
-    for name in ("select.json", "fidelity.json", "convergence.json", "convergence-long/convergence.json",
-                 "e2e.json", "e2e-compute.json", "e2e-kernels.json"):
+    for name in ("select.json", "select-1e8/select.json", "fidelity.json", "convergence.json",
+                 "convergence-long/convergence.json", "e2e.json", "e2e-compute.json", "e2e-kernels.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
             if target.get("method"):

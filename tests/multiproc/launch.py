@@ -27,6 +27,9 @@ def job_env() -> dict:
         "PATH": os.pathsep.join([str(BIN), env.get("PATH", "")]),
         # Ranks outnumber cores: let Open MPI yield instead of busy-polling.
         "OMPI_MCA_mpi_yield_when_idle": "1",
+        # One host: shared memory and TCP. The libfabric transport finds no fabric here and, on a
+        # loaded machine, once aborted a rank inside MPI_Init ("Resource deadlock avoided").
+        "OMPI_MCA_btl": "^ofi,openib",
         # Fail fast instead of waiting for the 60 s stall warning if a rank hangs.
         "HOROVOD_STALL_CHECK_TIME_SECONDS": "20",
         "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "40",
