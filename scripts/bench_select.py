@@ -255,7 +255,9 @@ def judge(result: dict) -> list[dict]:
     copies = result.get("memory_copies_per_rank")
     if copies is not None:
         off = result.get("memory_copies_by_kernels", {}).get("off")
-        targets.append({"target": f"ExDyna memory overhead ≤ {COPIES_MAX} fp32 copies of the model per rank",
+        largest = max((r["n"] for r in result["sizes"]), default=None)
+        at = f" at {largest / 1e6:g}M elements" if largest else ""
+        targets.append({"target": f"ExDyna memory overhead ≤ {COPIES_MAX} fp32 copies of the model per rank{at}",
                         "met": copies <= COPIES_MAX, "figure": f"{copies:.2f} copies"
                         + (f" (kernels off: {off:.2f})" if off is not None else "")})
     return targets
