@@ -257,7 +257,8 @@ def judge(result: dict) -> list[dict]:
         off = result.get("memory_copies_by_kernels", {}).get("off")
         largest = max((r["n"] for r in result["sizes"]), default=None)
         at = f" at {largest / 1e6:g}M elements" if largest else ""
-        targets.append({"target": f"ExDyna memory overhead ≤ {COPIES_MAX} fp32 copies of the model per rank{at}",
+        title = f"ExDyna memory overhead ≤ {COPIES_MAX} fp32 copies of the model per rank{at}"
+        targets.append({"target": title,
                         "met": copies <= COPIES_MAX, "figure": f"{copies:.2f} copies"
                         + (f" (kernels off: {off:.2f})" if off is not None else "")})
     return targets
