@@ -128,7 +128,7 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
 def memory_overhead(n: int, size: int, density: float, device: str, kernels: str = "on") -> float | None:
     """Peak memory ExDyna's engines add (residuals and temporaries), per rank, in fp32 copies of
     the model: CPU from the process's peak RSS during the steps over its RSS before them (Linux;
-    see ``resident_bytes``), GPU from the allocator; in a fresh process."""
+    see ``start_peak_rss``), GPU from the allocator; in a fresh process."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:
         return pool.apply(_memory_overhead, (n, size, density, device, kernels))
@@ -141,7 +141,7 @@ def _memory_overhead(n: int, size: int, density: float, device: str, kernels: st
         torch.cuda.reset_peak_memory_stats()
     grads = gradients(n, size, device)
     inputs = [g.clone() for g in grads]
-    before = torch.cuda.max_memory_allocated() if device == "cuda" else resident_bytes()
+    before = torch.cuda.max_memory_allocated() if device == "cuda" else start_peak_rss()
     algorithm = hvd_sparse.create("exdyna", density=density, threshold_scaling="tracking")
     engines = [Engine(algorithm, get_backend("torch"), r, size, write_into_inputs=True) for r in range(size)]
     group = LocalGroup(size, get_backend("torch"))
@@ -149,23 +149,33 @@ def _memory_overhead(n: int, size: int, density: float, device: str, kernels: st
         for g, x in zip(grads, inputs, strict=True):
             x.copy_(g)
         group.run([engine.step("model", [inputs[r]]) for r, engine in enumerate(engines)])
-    peak = torch.cuda.max_memory_allocated() if device == "cuda" else resident_bytes(peak=True)
+    peak = torch.cuda.max_memory_allocated() if device == "cuda" else peak_rss()
     return (peak - before) / size / (4 * n)
 
 
-def resident_bytes(peak: bool = False) -> int:
-    """The process's resident memory now, having reset its peak (Linux), or, with ``peak``, that
-    peak since. Elsewhere both are the lifetime peak (``ru_maxrss``), which the gradients' creation
-    may already have set: the figure then under-reports."""
-    status = Path("/proc/self/status")
-    if not status.exists():
+def start_peak_rss() -> int:
+    """The process's resident memory now, and the peak (``peak_rss``) restarted from it (Linux).
+    Elsewhere the lifetime peak (``ru_maxrss``), which the gradients' creation may already have
+    set: the figure then under-reports."""
+    if not STATUS.exists():
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    field = "VmHWM:" if peak else "VmRSS:"
-    value = next(int(line.split()[1]) * 1024 for line in status.read_text().splitlines()
-                 if line.startswith(field))
-    if not peak:
-        Path("/proc/self/clear_refs").write_text("5")   # the peak restarts from the current RSS
-    return value
+    Path("/proc/self/clear_refs").write_text("5")   # VmHWM restarts from the current RSS
+    return _status_bytes("VmRSS:")
+
+
+def peak_rss() -> int:
+    """The process's peak resident memory since ``start_peak_rss`` (Linux), else its lifetime peak."""
+    if not STATUS.exists():
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    return _status_bytes("VmHWM:")
+
+
+STATUS = Path("/proc/self/status")
+
+
+def _status_bytes(field: str) -> int:
+    return next(int(line.split()[1]) * 1024 for line in STATUS.read_text().splitlines()
+                if line.startswith(field))
 
 
 # Worst-case share of entries a method may select in this benchmark, for the memory estimate: the
