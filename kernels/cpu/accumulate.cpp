@@ -23,6 +23,8 @@ enum Dtype : int { F16 = 0, BF16 = 1, F32 = 2, F64 = 3 };
 constexpr int64_t CHUNK = 1024;      // elements accumulated before they are scanned (L1-resident)
 constexpr int64_t GROUP = 64;        // elements counted at once before a scalar scan for indices
 constexpr int MAX_PROBES = 8;
+constexpr int64_t LINE = 64;        // bytes per cache line
+constexpr int64_t AHEAD = 8192;     // bytes a read-only scan prefetches ahead
 
 inline uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -241,7 +243,13 @@ bool finite(const X* x, int64_t n, X mask) {
     for (int64_t g = 0; g < n; g += 4096) {
         const int64_t end = g + 4096 < n ? g + 4096 : n;
         int bad = 0;
-        for (int64_t i = g; i < end; ++i) bad |= (x[i] & mask) == mask;
+        // One line fetched 8 KiB ahead: a read-only scan is otherwise stalled at every 4 KiB page
+        // (the hardware prefetcher stops there), at about half the memory bandwidth.
+        for (int64_t i = g; i < end; i += LINE / int64_t(sizeof(X))) {
+            __builtin_prefetch(x + i + AHEAD / int64_t(sizeof(X)));
+            const int64_t stop = std::min<int64_t>(i + LINE / int64_t(sizeof(X)), end);
+            for (int64_t j = i; j < stop; ++j) bad |= (x[j] & mask) == mask;
+        }
         if (bad) return false;
     }
     return true;

@@ -365,7 +365,7 @@ def test_a_library_that_cannot_load_warns_once_and_the_reference_path_runs(monke
     broken = tmp_path / "_native.so"
     broken.write_text("not a shared library")
     monkeypatch.setattr(_library, "_library", None)
-    monkeypatch.setattr(_library, "library_path", lambda: broken)
+    monkeypatch.setattr(_library, "library_path", lambda stem=_library.STEM: broken)
     monkeypatch.setattr(_library, "HERE", tmp_path)          # no sources newer than it here
     for module in [m for m in sys.modules if m.startswith("hvd_sparse.kernels.cpu.")
                    and m != "hvd_sparse.kernels.cpu._library"] + ["hvd_sparse.kernels.cpu"]:
@@ -388,14 +388,14 @@ def test_a_missing_or_stale_library_names_the_fix(monkeypatch, tmp_path):
     from hvd_sparse.kernels import KernelUnavailable
     from hvd_sparse.kernels.cpu import _library
     monkeypatch.setattr(_library, "_library", None)
-    monkeypatch.setattr(_library, "library_path", lambda: None)
+    monkeypatch.setattr(_library, "library_path", lambda stem=_library.STEM: None)
     with pytest.raises(KernelUnavailable, match="was not built: rebuild it with `make install`"):
         _library.library()
     built = tmp_path / "_native.so"
     built.write_text("")
     (tmp_path / "new.cpp").write_text("")
     os.utime(built, (1, 1))
-    monkeypatch.setattr(_library, "library_path", lambda: built)
+    monkeypatch.setattr(_library, "library_path", lambda stem=_library.STEM: built)
     monkeypatch.setattr(_library, "HERE", tmp_path)
     with pytest.raises(KernelUnavailable, match=r"older than new\.cpp"):
         _library.library()
