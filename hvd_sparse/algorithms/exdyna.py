@@ -227,6 +227,8 @@ class ExDyna(MiCRO):
             decimal strings or numbers, compared exactly). Formerly ``over_band``/``under_band``.
         histogram_decay: weight of the past in the per-block load average of
             ``rebalance="histogram"`` (0: the last step alone).
+        threshold_start: "paper" (λ0 = 1/(2√k)) or "local" (the first step selects each rank's
+            share of k by magnitude; see hvd_sparse.algorithms.micro).
     """
 
     name = "exdyna"
@@ -237,8 +239,10 @@ class ExDyna(MiCRO):
     def __init__(self, density: float = 0.001, *, rebalance: str = "exact",
                  num_blocks: int | str = PAPER_BLOCKS, threshold_scaling: str = "paper",
                  threshold_band: str = "code", overload_ratio: str | float = "1.05",
-                 underload_ratio: str | float = "0.95238", histogram_decay: float = 0.8):
-        super().__init__(density, threshold_scaling=threshold_scaling, threshold_band=threshold_band)
+                 underload_ratio: str | float = "0.95238", histogram_decay: float = 0.8,
+                 threshold_start: str = "paper"):
+        super().__init__(density, threshold_scaling=threshold_scaling, threshold_band=threshold_band,
+                         threshold_start=threshold_start)
         self.rebalance = check_choice("rebalance", rebalance, REBALANCE_MODES)
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")

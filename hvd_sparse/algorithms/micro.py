@@ -19,6 +19,11 @@ band can never run (docs/algorithms.md#dead-branch) -- and 0.995 below. Options,
   knows the global local slope α = -dlnK/dlnλ and takes the same damped Newton step in log space,
   λ ← λ·(K/(k·b))^(0.5/α) clipped to [1/4, 4], with a slow outer loop on b that puts the mean
   count, not its geometric mean, at k (see ``tracking_factor``).
+* ``threshold_start="local"``: the first step does not select with λ0 = 1/(2√k), which knows
+  nothing of the gradient's scale (on a 1e8-entry model it picks 30% of the entries, and the
+  step's messages and memory grow with that): each rank selects its partition's share of k by
+  magnitude, with a threshold of its own (``local_start``), and the ranks' thresholds ride on the
+  value allreduce so that every rank continues from their geometric mean (``agreed_start``).
 
 This module holds what MiCRO and ExDyna share (ExDyna = MiCRO + blocks + rebalancing, exdyna.py).
 """
@@ -44,6 +49,7 @@ if TYPE_CHECKING:
 
 THRESHOLD_SCALINGS = ("paper", "tracking")
 THRESHOLD_BANDS = ("code", "symmetric")
+THRESHOLD_STARTS = ("paper", "local")
 # The code's constants, kept exact (integer-safe comparisons: every rank decides identically).
 UPPER_BAND, LOWER_BAND = Fraction("1.1"), Fraction("0.909")
 RAISE, CREEP, LOWER, DEAD = 1.005, 1.00125, 0.995, 0.9987
@@ -66,6 +72,28 @@ CONTROL_FORMAT = 1
 def initial_threshold(k: int) -> float:
     """λ0 = 1/(2√k), the hard-threshold heuristic (docs/algorithms.md#threshold)."""
     return 1.0 / (2.0 * math.sqrt(k))
+
+
+def share_of_k(k: int, lo: int, hi: int, numel: int) -> int:
+    """A partition's share of k, in proportion to its length (at least 1 for a non-empty one)."""
+    return min(hi - lo, max(1, round(k * (hi - lo) / numel))) if hi > lo else 0
+
+
+def local_start(magnitudes: np.ndarray) -> float:
+    """The first tracking step's threshold on one rank, from the magnitudes of its partition's
+    share of k largest entries: the smallest positive one (a zero is never worth sending), +inf
+    when there is none (the rank then sends only its fallback index)."""
+    positive = magnitudes[magnitudes > 0]
+    return float(positive.min()) if positive.size else math.inf
+
+
+def agreed_start(log_sum: float, contributors: float, k: int) -> float:
+    """The threshold every rank continues with after the first tracking step: the geometric mean
+    of the ranks' own thresholds (their logs and their number summed by the value allreduce), or
+    λ0 when no rank had one to give."""
+    if contributors < 0.5 or not math.isfinite(log_sum):
+        return initial_threshold(k)
+    return math.exp(log_sum / round(contributors))
 
 
 def paper_factor(union: int, k: int, band: str = "code") -> float:
@@ -146,7 +174,8 @@ class ExclusiveControl:
     moves: int = 0                        # boundaries moved by the last rebalance
     last_step: int = 0                    # step the counts belong to
     own: tuple[int, int] = (0, 0)         # this rank's element range in the last step
-    used_threshold: float = 0.0           # the threshold the last step selected with
+    used_threshold: float = 0.0           # the threshold the last step selected with (the first
+                                          # tracking step: this rank's own, local_start)
     probes: Any = None                    # this step's local fractions at λ/c, λ·c (tracking)
     bias: float = 1.0                     # tracking: outer-loop correction of the count target
     layout: BlockLayout | None = None     # ExDyna's blocks (None for MiCRO)
@@ -161,6 +190,8 @@ class MiCRO(Algorithm):
             "tracking" (see module docstring). Formerly ``threshold``.
         threshold_band: the scaling rule's band, "code" (paper mode, dead branch included) or
             "symmetric". Formerly ``band``.
+        threshold_start: the first step's threshold: "paper" (λ0 = 1/(2√k) on every rank) or
+            "local" (each rank's share of k by magnitude; see module docstring).
     """
 
     name = "micro"
@@ -171,11 +202,12 @@ class MiCRO(Algorithm):
 
     @renamed_options(threshold="threshold_scaling", band="threshold_band")
     def __init__(self, density: float = 0.001, *, threshold_scaling: str = "paper",
-                 threshold_band: str = "code"):
+                 threshold_band: str = "code", threshold_start: str = "paper"):
         super().__init__(density)
         self.threshold_scaling = check_choice("threshold_scaling", threshold_scaling,
                                               THRESHOLD_SCALINGS)
         self.threshold_band = check_choice("threshold_band", threshold_band, THRESHOLD_BANDS)
+        self.threshold_start = check_choice("threshold_start", threshold_start, THRESHOLD_STARTS)
 
     # --- partitions (MiCRO: fixed equal chunks; ExDyna overrides) ------------------------------
     def reset_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
@@ -216,14 +248,32 @@ class MiCRO(Algorithm):
         every = TRACKING_SAMPLE if control.k >= 1024 * ctx.size else 1
         return [control.threshold / TRACKING_PROBE, control.threshold * TRACKING_PROBE], every
 
+    def starting(self, control: ExclusiveControl) -> bool:
+        """The first step under ``threshold_start="local"`` (no step observed yet): every rank
+        selects its partition's share of k by magnitude, with a threshold of its own."""
+        return self.threshold_start == "local" and control.union_prev is None
+
     def select_local(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Any:
+        if self.starting(control):
+            return self._select_start(acc, control, ctx)
         probes, every = self.probes(control, ctx)
         idx, counts = ctx.backend.select_at_least(acc, *control.own, control.used_threshold, probes, every)
         self._keep_probes(control, counts, ctx)
         return idx
 
+    def _select_start(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Any:
+        b, (lo, hi) = ctx.backend, control.own
+        part = b.slice(acc, lo, hi)
+        top = b.topk_abs_indices(part, share_of_k(control.k, lo, hi, ctx.numel))
+        magnitudes = np.abs(b.to_numpy(b.cast(b.take(part, top), "float64")))
+        control.used_threshold = local_start(magnitudes)
+        control.probes = None
+        return b.select_at_least(acc, lo, hi, control.used_threshold)[0]
+
     def accumulate_select(self, residual: Any, tensors: list, control: ExclusiveControl, ctx: StepContext,
-                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool]:
+                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
+        if self.starting(control):
+            return None   # accumulate, then select_local (two reads, on this step only)
         probes, every = self.probes(control, ctx)
         acc, idx, counts, finite = ctx.backend.accumulate_select(
             residual, tensors, *control.own, control.used_threshold, probes, every,
@@ -243,6 +293,10 @@ class MiCRO(Algorithm):
         return ctx.backend.arange(index, index + 1)
 
     def piggyback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
+        if self.starting(control):   # (ln λ_r, 1), or (0, 0) from a rank without a threshold
+            own = control.used_threshold
+            start = [math.log(own), 1.0] if 0 < own < math.inf else [0.0, 0.0]
+            return ctx.backend.from_numpy(np.asarray(start, dtype=np.float32))
         if self.threshold_scaling != "tracking":
             return None
         return ctx.backend.from_numpy(control.probes.astype(np.float32))
@@ -256,7 +310,9 @@ class MiCRO(Algorithm):
         union = int(outcome.union_size)
         self.record_counts(control, outcome, ctx)
         control.last_step = ctx.step
-        if self.threshold_scaling == "tracking" and outcome.piggyback is not None:
+        if self.starting(control) and outcome.piggyback is not None:
+            control.threshold = agreed_start(*(float(x) for x in outcome.piggyback), control.k)
+        elif self.threshold_scaling == "tracking" and outcome.piggyback is not None:
             below, above = (float(x) for x in outcome.piggyback)
             factor, control.bias = tracking_factor(union, control.k, below, above, control.bias)
             control.threshold *= factor

@@ -225,6 +225,8 @@ METHODS = [
     MiCRO(0.02), MiCRO(0.02, threshold_scaling="tracking"), ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
     ExDyna(0.02, threshold_scaling="tracking", threshold_band="symmetric"), ExDyna(0.02, rebalance="off"),
     ExDyna(0.02, rebalance="histogram"),
+    ExDyna(0.02, threshold_scaling="tracking", threshold_start="local"),
+    MiCRO(0.02, threshold_start="local"), ExDyna(0.02, rebalance="neighbour", threshold_start="local"),
 ]
 
 
@@ -265,7 +267,19 @@ def test_exclusive_selection_union_and_error_feedback(algorithm, size):
             assert all(s["partition"] == stats[0]["partition"] for s in stats)
         expected_average = sum(acc[union] for acc in accs) / size
         np.testing.assert_allclose(outputs[0][0][union], expected_average, rtol=1e-5, atol=1e-6)
-        assert all(s["threshold"] == stats[0]["threshold"] for s in stats)
+        if step == 0 and algorithm.threshold_start == "local":
+            # The local start: each rank's own threshold selects its partition's share of k by
+            # magnitude, and every rank continues from their geometric mean.
+            k = algorithm.k(n)
+            for rank, (lo, hi) in enumerate(ranges):
+                share = max(1, round(k * (hi - lo) / n))
+                top = np.sort(np.abs(accs[rank][lo:hi]))[::-1][:share]
+                assert stats[rank]["threshold"] == top[-1]
+            mean = np.exp(np.mean([np.log(s["threshold"]) for s in stats]))
+            assert all(s["next_threshold"] == pytest.approx(mean, rel=1e-5) for s in stats)
+        else:
+            assert all(s["threshold"] == stats[0]["threshold"] for s in stats)
+        assert all(s["next_threshold"] == stats[0]["next_threshold"] for s in stats)
     if size > 1:
         assert len(ranges_seen) >= size   # partitions rotate
 

@@ -19,14 +19,17 @@ from hvd_sparse.algorithms.micro import (
     RAISE,
     TRACKING_BIAS_RATE,
     TRACKING_MAX_FACTOR,
+    agreed_start,
     equal_chunks,
     imbalance,
     initial_threshold,
+    local_start,
     owned_partition,
     owner_of,
     paper_factor,
     rank_counts,
     refuse_fewer_entries_than_ranks,
+    share_of_k,
     tracking_factor,
 )
 from hvd_sparse.backends import get_backend
@@ -132,3 +135,53 @@ def test_a_short_simulated_run_has_no_buildup_and_one_threshold():
         assert record["buildup"] == pytest.approx(record["union"] / record["k"])
         assert isinstance(record["threshold"], float)   # one λ, the same on every rank
     assert records[0]["threshold"] == pytest.approx(initial_threshold(records[0]["k"]))
+
+
+# --- the local start (docs/algorithms.md#local-start) -------------------------------------------------
+def test_local_start_rules():
+    assert share_of_k(100, 0, 250, 1000) == 25 and share_of_k(1, 0, 10, 1000) == 1
+    assert share_of_k(100, 5, 5, 1000) == 0 and share_of_k(1000, 0, 3, 1000) == 3
+    assert local_start(np.array([0.5, 0.25, 0.0])) == 0.25     # a zero is never worth sending
+    assert local_start(np.array([0.0, 0.0])) == math.inf and local_start(np.array([])) == math.inf
+    assert agreed_start(math.log(0.1) + math.log(0.4), 2.0, 100) == pytest.approx(0.2)
+    assert agreed_start(0.0, 0.0, 100) == initial_threshold(100)   # no rank had a threshold
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])   # values (and riders) travel in it
+def test_local_start_selects_about_k_then_every_rank_continues_alike(dtype):
+    size, n, rng = 4, 40_000, np.random.default_rng(3)
+    algorithm = MiCRO(0.01, threshold_scaling="tracking", threshold_start="local")
+    engines = [Engine(algorithm, NP, r, size) for r in range(size)]
+    scale = np.where(np.arange(n) < n // 4, 100.0, 1.0)       # one partition 100x the others
+    grads = [[(rng.standard_normal(n) * scale * 1e-3).astype(dtype)] for _ in range(size)]
+    grads[2][0][:] = 0.0                                       # a rank with nothing to send
+    LocalGroup(size).run([e.step("model", grads[r]) for r, e in enumerate(engines)])
+    stats = [e.stats() for e in engines]
+    k = algorithm.k(n)
+    own = [s["own_partition"] for s in stats]
+    assert stats[2]["threshold"] == math.inf and stats[2]["selected"] == 1     # its fallback index
+    for rank in (0, 1, 3):
+        lo, hi = own[rank]
+        magnitudes = np.sort(np.abs(grads[rank][0][lo:hi].astype(np.float32)))[::-1]
+        assert stats[rank]["threshold"] == magnitudes[share_of_k(k, lo, hi, n) - 1]
+        share = share_of_k(k, lo, hi, n)                                     # plus any ties
+        assert stats[rank]["selected"] == np.count_nonzero(magnitudes >= magnitudes[share - 1]) >= share
+    mean = math.exp(np.mean([math.log(stats[r]["threshold"]) for r in (0, 1, 3)]))
+    rel = 1e-2 if dtype == "float16" else 1e-5                               # the riders' dtype
+    assert stats[0]["next_threshold"] == pytest.approx(mean, rel=rel)
+    assert all(s["next_threshold"] == stats[0]["next_threshold"] for s in stats)
+
+
+def test_local_start_on_a_non_finite_first_step_uses_the_other_ranks():
+    size, n = 3, 9000
+    algorithm = MiCRO(0.01, threshold_start="local")
+    engines = [Engine(algorithm, NP, r, size) for r in range(size)]
+    grads = [[np.random.default_rng(r).standard_normal(n).astype(np.float32)] for r in range(size)]
+    grads[1][0][5] = np.nan
+    with pytest.warns(RuntimeWarning, match="non-finite gradient"):
+        LocalGroup(size).run([e.step("model", grads[r]) for r, e in enumerate(engines)])
+    stats = [e.stats() for e in engines]
+    assert stats[1]["threshold"] == math.inf and stats[1]["nonfinite_steps"] == 1
+    mean = math.exp((math.log(stats[0]["threshold"]) + math.log(stats[2]["threshold"])) / 2)
+    assert all(s["next_threshold"] == pytest.approx(mean, rel=1e-5) for s in stats)
+    assert engines[1].buckets["model"].residual.tolist() == [0.0] * n         # kept as it was

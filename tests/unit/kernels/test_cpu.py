@@ -271,6 +271,8 @@ CONFIGS = [
     ("exdyna-neighbour", ExDyna(0.01, rebalance="neighbour"), 4),
     ("micro", MiCRO(0.01), 4),
     ("micro-tracking", MiCRO(0.002, threshold_scaling="tracking"), 2),
+    ("exdyna-local-start", ExDyna(0.01, threshold_scaling="tracking", threshold_start="local"), 3),
+    ("micro-local-start", MiCRO(0.01, threshold_start="local"), 2),
     ("threshold-gather", Threshold(0.01), 3),
     ("threshold-union", Threshold(0.01, pattern="union"), 2),
 ]
@@ -282,7 +284,7 @@ CONFIGS = [
 def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, size, write_into_inputs,
                                                             reference, monkeypatch):
     # Tracking's probes sample 1/8 of the partition once k >= 1024 N: one bucket large enough.
-    sizes = [300_000, 2_000, 777] if "tracking" in name else [20_000, 2_000, 777]
+    sizes = [300_000, 2_000, 777] if "tracking" in name or "local" in name else [20_000, 2_000, 777]
     grads = gradients(5, sizes, [torch.float32, torch.float16, torch.bfloat16])
     steps = 14
     ops, fused = cpu_ops(), []
@@ -293,8 +295,10 @@ def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, siz
         on = run_steps(algorithm, size, steps, grads, write_into_inputs)
         ran = len(fused)
         off = reference(run_steps, algorithm, size, steps, grads, write_into_inputs)
-    # every rank-step ran the fused kernel, none with kernels off; one rank's step 7 was not finite
-    assert ran == len(fused) == steps * size and all(f is not None for f in fused)
+    # every rank-step ran the fused kernel (but the local start, which accumulates, then selects by
+    # magnitude), none with kernels off; one rank's step 7 was not finite
+    starts = size if getattr(algorithm, "threshold_start", None) == "local" else 0
+    assert ran == len(fused) == steps * size - starts and all(f is not None for f in fused)
     assert [f[0] for f in fused].count(False) == 1
     assert_identical(on, off)
 
