@@ -37,6 +37,9 @@ _accumulate_norms = bind("hvd_sparse_accumulate_norms", ctypes.c_int,
 _select_at_least = bind("hvd_sparse_select_at_least", _i64, [_ptr, ctypes.c_int, _i64, _i64, *_SELECTION])
 _clear = bind("hvd_sparse_clear", None, [_ptr, _i64])
 MAX_PROBES = 8
+CHECK_AND_CLEAR = 2      # the kernel's ``clear``: check the inputs in the pass, then zero them
+_NOT_FINITE_CODE = -2    # ... and what it returns when one holds NaN/Inf
+NOT_FINITE = object()
 
 
 def _handled(tensors: list[torch.Tensor]) -> bool:
@@ -82,8 +85,21 @@ def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tens
                                 index_dtype: torch.dtype, clear_inputs: bool
                                 ) -> tuple[bool, torch.Tensor, list[float]] | None:
     """(finite, idx, probe_counts): ``all_finite``, then ``accumulate_select``. When an input
-    holds NaN/Inf nothing is written (residual and inputs keep their values), idx is empty and the
-    counts are 0."""
+    holds NaN/Inf the residual keeps its values, idx is empty and the counts are 0; the inputs
+    keep theirs too, except with ``clear_inputs``, when their contents are unspecified (the caller
+    overwrites them).
+
+    With ``clear_inputs`` and every input a contiguous vector of the residual's dtype, the check
+    is made in the accumulating pass itself: the pass keeps the residual's old values in the
+    inputs it reads (a write that zeroing them cost anyway), restores the residual from them at
+    the first NaN/Inf, and zeroes the inputs after a finite pass with streaming stores. That
+    replaces a whole read of the gradient before the pass by a cheaper write after it."""
+    if clear_inputs and _supported(residual, tensors) and all(
+            t.dtype == residual.dtype and t.is_contiguous() for t in tensors):
+        done = _run(residual, tensors, CHECK_AND_CLEAR, lo, hi, threshold, probes, every, index_dtype)
+        if done is not None:
+            return (False, torch.zeros(0, dtype=index_dtype), [0.0] * len(probes)) if done is NOT_FINITE \
+                else (True, *done)
     finite = all_finite(tensors)
     if finite is None:
         return None
@@ -151,14 +167,17 @@ class _Selected:
         return (out[:selected] if 2 * selected > self.length else out[:selected].clone()), scaled
 
 
-def _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype):
+def _run(residual, tensors, clear, lo, hi, threshold, probes, every, index_dtype):
+    """The fused op (clear: False/True, or CHECK_AND_CLEAR, which may return NOT_FINITE)."""
     if (not _supported(residual, tensors) or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES
             or not 0 <= lo <= hi <= residual.numel()):
         return None
     selection = _Selected(residual.dtype, lo, hi, threshold, probes, every, index_dtype)
     threshold, out, bits, *rest = selection.arguments()
-    selected = _accumulating(residual, tensors, clear_inputs, _accumulate_select, lo, hi, threshold, out,
+    selected = _accumulating(residual, tensors, clear, _accumulate_select, lo, hi, threshold, out,
                              bits, *rest)
+    if selected == _NOT_FINITE_CODE:
+        return NOT_FINITE
     return None if selected < 0 else selection.result(selected)
 
 

@@ -161,6 +161,40 @@ def test_accumulate_select_if_finite_writes_nothing_when_an_input_is_not_finite(
     assert torch.equal(idx, torch.nonzero(expected.abs() >= 0.1).reshape(-1))
 
 
+@needs_kernels
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("where", ["none", "first entry", "small tensor", "mid-chunk", "last entry"])
+def test_the_finite_check_in_the_accumulating_pass_restores_the_residual(dtype, where, monkeypatch):
+    """Inputs of the residual's dtype, cleared: the check is made in the pass (no read before it,
+    so all_finite must not run), and a NaN/Inf anywhere leaves the residual's bits as they were."""
+    ops = cpu_ops()
+    accumulate = sys.modules["hvd_sparse.kernels.cpu.accumulate"]
+    monkeypatch.setattr(accumulate, "all_finite", lambda tensors: pytest.fail("read before the pass"))
+    sizes = [3000, 5, 70_000]                     # several chunks, and a tensor inside one chunk
+    residual = torch.randn(sum(sizes), dtype=dtype)
+    residual[7] = -0.0
+    inputs = [torch.randn(n, dtype=dtype) for n in sizes]
+    spots = {"first entry": (0, 0, float("nan")), "small tensor": (1, 3, float("inf")),
+             "mid-chunk": (2, 40_000, float("-inf")), "last entry": (2, 69_999, float("nan"))}
+    if where != "none":
+        tensor, index, value = spots[where]
+        inputs[tensor][index] = value
+    before, given = residual.clone(), [t.clone() for t in inputs]
+    lo, hi, probes = 1000, 60_000, [0.5, 2.0]
+    finite, idx, counts = ops.accumulate_select_if_finite(residual, given, lo, hi, 1.0, probes, 1,
+                                                          torch.int32, True)
+    if where != "none":
+        assert not finite and idx.numel() == 0 and counts == [0.0, 0.0]
+        assert same(residual, before)
+        return
+    expected = before + torch.cat(inputs)
+    assert finite and same(residual, expected)
+    assert all(bool((t == 0).all()) and not bool(torch.signbit(t).any()) for t in given)
+    part = expected[lo:hi].abs()
+    assert torch.equal(idx.long(), torch.nonzero(part >= 1.0).reshape(-1) + lo)
+    assert counts == [float((part >= p).sum()) for p in probes]
+
+
 def reference_select(residual, tensors, lo, hi, threshold, probes, every):
     acc = reference_accumulate(residual, tensors)
     magnitude = acc[lo:hi].abs()
@@ -281,11 +315,13 @@ CONFIGS = [
 @needs_kernels
 @pytest.mark.parametrize("name,algorithm,size", CONFIGS, ids=[c[0] for c in CONFIGS])
 @pytest.mark.parametrize("write_into_inputs", [True, False])
-def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, size, write_into_inputs,
+@pytest.mark.parametrize("dtypes", ["mixed", "fp32"])   # fp32 + writing into inputs: the check in the pass
+def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, size, write_into_inputs, dtypes,
                                                             reference, monkeypatch):
     # Tracking's probes sample 1/8 of the partition once k >= 1024 N: one bucket large enough.
     sizes = [300_000, 2_000, 777] if "tracking" in name or "local" in name else [20_000, 2_000, 777]
-    grads = gradients(5, sizes, [torch.float32, torch.float16, torch.bfloat16])
+    grads = gradients(5, sizes, [torch.float32, torch.float16, torch.bfloat16] if dtypes == "mixed"
+                      else [torch.float32] * 3)
     steps = 14
     ops, fused = cpu_ops(), []
     kernel = ops.accumulate_select_if_finite
