@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_sparse.algorithms import TopK
+from hvd_sparse.algorithms import ExDyna, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
@@ -67,14 +67,17 @@ def test_bulk_ops_match_numpy(backend):
     assert [tuple(b.shape) for b in back] == [(2, 3), (6,)]
 
 
-def test_engine_is_identical_on_every_backend(backend):
+@pytest.mark.parametrize("make", [lambda: TopK(0.1, pattern="union", scope="model"),
+                                  lambda: ExDyna(0.1, threshold_scaling="tracking", threshold_start="local")],
+                         ids=["topk", "exdyna-local-start"])
+def test_engine_is_identical_on_every_backend(backend, make):
     rng = np.random.default_rng(1)
     batches = [[[rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7).astype(np.float32)]
                 for _ in range(3)] for _ in range(4)]
 
     def run(name):
         b = get_backend(name)
-        algorithm = TopK(0.1, pattern="union", scope="model")
+        algorithm = make()
         engines = [Engine(algorithm, b, r, 3) for r in range(3)]
         group = LocalGroup(3, b)
         outs = []
