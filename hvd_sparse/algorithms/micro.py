@@ -80,7 +80,7 @@ def share_of_k(k: int, lo: int, hi: int, numel: int) -> int:
 
 
 def local_start(magnitudes: np.ndarray) -> float:
-    """The first tracking step's threshold on one rank, from the magnitudes of its partition's
+    """A rank's threshold at the local start's first step, from the magnitudes of its partition's
     share of k largest entries: the smallest positive one (a zero is never worth sending), +inf
     when there is none (the rank then sends only its fallback index)."""
     positive = magnitudes[magnitudes > 0]
@@ -88,7 +88,7 @@ def local_start(magnitudes: np.ndarray) -> float:
 
 
 def agreed_start(log_sum: float, contributors: float, k: int) -> float:
-    """The threshold every rank continues with after the first tracking step: the geometric mean
+    """The threshold every rank continues with after the local start: the geometric mean
     of the ranks' own thresholds (their logs and their number summed by the value allreduce), or
     λ0 when no rank had one to give."""
     if contributors < 0.5 or not math.isfinite(log_sum):
@@ -174,8 +174,8 @@ class ExclusiveControl:
     moves: int = 0                        # boundaries moved by the last rebalance
     last_step: int = 0                    # step the counts belong to
     own: tuple[int, int] = (0, 0)         # this rank's element range in the last step
-    used_threshold: float = 0.0           # the threshold the last step selected with (the first
-                                          # tracking step: this rank's own, local_start)
+    used_threshold: float = 0.0           # the threshold the last step selected with (the local
+                                          # start's first step: this rank's own, local_start)
     probes: Any = None                    # this step's local fractions at λ/c, λ·c (tracking)
     bias: float = 1.0                     # tracking: outer-loop correction of the count target
     layout: BlockLayout | None = None     # ExDyna's blocks (None for MiCRO)
