@@ -28,6 +28,7 @@ from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.reference.deft import deft_step
+from tests.unit.agreement import assert_backend_agrees, assert_step_identical
 
 NP = get_backend("numpy")
 
@@ -403,11 +404,7 @@ def test_checkpoint_resumes_with_identical_decisions():
     for engine, state in zip(resumed, states, strict=True):
         engine.load_state_dict(state)
     for grads in batches[4:]:
-        expected = group.run([e.step("model", grads[r]) for r, e in enumerate(original)])
-        got = group.run([e.step("model", grads[r]) for r, e in enumerate(resumed)])
-        for a, b in zip(expected, got, strict=True):
-            for x, y in zip(a, b, strict=True):
-                np.testing.assert_array_equal(x, y)
+        assert_step_identical(group, original, resumed, grads)
         assert resumed[0].stats()["master"] == original[0].stats()["master"]
 
 
@@ -477,23 +474,5 @@ def test_engine_is_identical_on_every_backend(framework):
     pytest.importorskip(framework)
     rng = np.random.default_rng(4)
     batches = [grads_for(rng, 3, step) for step in range(6)]
-
-    def run(name):
-        b = get_backend(name)
-        engines, group = engines_for(DEFT(0.1), 3, backend=b), LocalGroup(3, b)
-        outs = []
-        for grads in batches:
-            step = group.run([e.step("model", [b.from_numpy(g) for g in grads[r]])
-                              for r, e in enumerate(engines)])
-            outs.append([[b.to_numpy(t) for t in rank_out] for rank_out in step])
-        return outs, [b.to_numpy(e.buckets["model"].residual) for e in engines], engines[0].stats()
-
-    expected, expected_residuals, expected_stats = run("numpy")
-    got, got_residuals, got_stats = run(framework)
-    for a, b in zip(expected, got, strict=True):
-        for ra, rb in zip(a, b, strict=True):
-            for ta, tb in zip(ra, rb, strict=True):
-                np.testing.assert_allclose(ta, tb, rtol=1e-6, atol=1e-7)
-    for a, b in zip(expected_residuals, got_residuals, strict=True):
-        np.testing.assert_array_equal(a, b)
-    assert got_stats["counts"] == expected_stats["counts"]
+    expected, got = assert_backend_agrees(framework, lambda b: engines_for(DEFT(0.1), 3, backend=b), batches)
+    assert got[0].stats()["counts"] == expected[0].stats()["counts"]

@@ -29,6 +29,7 @@ from hvd_sparse.algorithms.micro import equal_chunks, initial_threshold
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.unit.agreement import assert_step_identical
 
 NP = get_backend("numpy")
 OVER, UNDER = Fraction("1.05"), Fraction("0.95238")
@@ -202,6 +203,8 @@ def test_configuration_errors_name_the_fix():
         ExDyna(0.01, overload_ratio="0.9")
     with pytest.raises(ConfigurationError, match="threshold_scaling must be one of"):
         MiCRO(0.01, threshold_scaling="exact")
+    with pytest.raises(ConfigurationError, match="threshold_start must be one of"):
+        ExDyna(0.01, threshold_start="sampled")
     with pytest.raises(ConfigurationError, match="histogram_decay must be in"):
         ExDyna(0.01, rebalance="histogram", histogram_decay=1.0)
     engines = [Engine(ExDyna(0.01), NP, r, 300) for r in range(300)]
@@ -298,10 +301,7 @@ def test_checkpoint_resumes_with_identical_decisions(algorithm):
     for engine, twin in zip(resumed, original, strict=True):
         engine.load_state_dict(twin.state_dict())
     for grads in batches[15:]:
-        expected = group.run([e.step("model", grads[r]) for r, e in enumerate(original)])
-        got = group.run([e.step("model", grads[r]) for r, e in enumerate(resumed)])
-        for a, b in zip(expected, got, strict=True):
-            np.testing.assert_array_equal(a[0], b[0])
+        assert_step_identical(group, original, resumed, grads)
         assert resumed[0].stats()["threshold"] == original[0].stats()["threshold"]
         assert resumed[1].stats()["own_partition"] == original[1].stats()["own_partition"]
 

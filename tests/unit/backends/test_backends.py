@@ -10,6 +10,7 @@ from hvd_sparse.algorithms import ExDyna, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from tests.unit.agreement import assert_backend_agrees
 
 FRAMEWORKS = ["torch", "tensorflow"]
 
@@ -74,27 +75,7 @@ def test_engine_is_identical_on_every_backend(backend, make):
     rng = np.random.default_rng(1)
     batches = [[[rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7).astype(np.float32)]
                 for _ in range(3)] for _ in range(4)]
-
-    def run(name):
-        b = get_backend(name)
-        algorithm = make()
-        engines = [Engine(algorithm, b, r, 3) for r in range(3)]
-        group = LocalGroup(3, b)
-        outs = []
-        for grads in batches:
-            step = group.run([e.step("model", [b.from_numpy(g) for g in grads[r]])
-                              for r, e in enumerate(engines)])
-            outs.append([[b.to_numpy(t) for t in rank_out] for rank_out in step])
-        return outs, [b.to_numpy(e.buckets["model"].residual) for e in engines]
-
-    expected, expected_residuals = run("numpy")
-    got, got_residuals = run(backend.name)
-    for a, b in zip(expected, got, strict=True):
-        for ra, rb in zip(a, b, strict=True):
-            for ta, tb in zip(ra, rb, strict=True):
-                np.testing.assert_allclose(ta, tb, rtol=1e-6, atol=1e-7)
-    for a, b in zip(expected_residuals, got_residuals, strict=True):
-        np.testing.assert_array_equal(a, b)
+    assert_backend_agrees(backend.name, lambda b: [Engine(make(), b, r, 3) for r in range(3)], batches)
 
 
 @pytest.mark.parametrize("name", ["numpy", "torch"])

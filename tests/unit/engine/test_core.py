@@ -14,6 +14,7 @@ from hvd_sparse.comm import ALLGATHER, Collective
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.reference.engine import expected_step, topk_indices
+from tests.unit.agreement import assert_step_identical
 
 NP = get_backend("numpy")
 SHAPES = [(12, 9), (9,), (5, 4, 3)]
@@ -198,11 +199,7 @@ def test_checkpoint_resumes_with_identical_decisions():
     for engine, state in zip(resumed, states, strict=True):
         engine.load_state_dict(state)
     for grads in batches[5:]:
-        expected = group.run([e.step("model", grads[r]) for r, e in enumerate(original)])
-        got = group.run([e.step("model", grads[r]) for r, e in enumerate(resumed)])
-        for a, b in zip(expected, got, strict=True):
-            for x, y in zip(a, b, strict=True):
-                np.testing.assert_array_equal(x, y)
+        assert_step_identical(group, original, resumed, grads)
     assert resumed[0].stats()["step"] == 10
 
 
