@@ -3,7 +3,8 @@ and resets (framework-free; the faces wire it into their State objects).
 
 A compressor holds two kinds of state (README, "Elastic Horovod"):
 
-* per process: the residual of every bucket, this process's gradient not sent yet. It stays valid
+* per process: the residual of every bucket, this process's gradient not sent yet (and the
+  momentum correction's velocity, likewise). It stays valid
   at any world size and rank, so a surviving process keeps it through a reset; a process that
   leaves takes its residual with it (that mass is lost: its norm at the last commit is reported as
   ``departed_residual_norm``).
@@ -104,7 +105,7 @@ class ElasticCompressor:
         if shared is None:
             return
         self.face._agree_at_sync()
-        engine.adopt(shared["agreed"], None if own is None else _residuals(own))
+        engine.adopt(shared["agreed"], *_own_vectors(own))
         self.resets = shared["resets"]
         norms = shared["norms"]
         if norms is not None:   # which ranks of the last commit are still here: one allreduce
@@ -120,7 +121,7 @@ class ElasticCompressor:
         self.face._drop_engine()
         engine = self.face._ensure_engine()
         if own is not None:
-            engine.adopt(engine.agreed_state(own), _residuals(own))
+            engine.adopt(engine.agreed_state(own), *_own_vectors(own))
         self._resume = None
         self._unaccounted = True
         self.resets += 1
@@ -156,5 +157,11 @@ class ElasticCompressor:
         return state
 
 
-def _residuals(state: dict) -> dict[str, np.ndarray]:
-    return {key: saved["residual"] for key, saved in state["buckets"].items()}
+def _own_vectors(state: dict | None) -> tuple[dict | None, dict | None]:
+    """This process's residuals and momentum-correction velocities, by bucket (None, None for a
+    process without state): what it keeps at any world size."""
+    if state is None:
+        return None, None
+    buckets = state["buckets"].items()
+    return ({key: saved["residual"] for key, saved in buckets},
+            {key: saved.get("momentum") for key, saved in buckets})

@@ -21,21 +21,31 @@ checkpoints -- so a method module says only what is specific to it:
 
 from __future__ import annotations
 
+import inspect
 import math
-import numbers
+import textwrap
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Unpack
 
-import numpy as np
-
-from ..backends import Backend
+from ..backends import Backend, Momentum
 from ..comm import Protocol, finished
 from ..errors import ConfigurationError
+from .corrections import (  # noqa: F401
+    CorrectionOptions,
+    Corrections,
+    corrections_doc,
+    is_integer,
+    is_real,
+    spell_out,
+)
 
 GATHER = "gather"   # allgather (index, value) pairs; scatter-add; divide by N
 UNION = "union"     # allgather indices; allreduce every rank's values at the union; divide by N
 SHARED = "shared"   # indices agreed without messages; allreduce the values; divide by N
 PATTERNS = (GATHER, UNION, SHARED)
+
+# The bucket of the tensors under ``dense_below`` entries in whole-model and grouped scopes.
+DENSE_BUCKET = "dense_below"
 
 TENSOR = "tensor"   # one bucket per gradient tensor
 MODEL = "model"     # the whole model as one flat vector
@@ -56,6 +66,11 @@ class StepContext:
                         # are named f"{ctx.name}.<something>")
     sizes: tuple[int, ...] = ()  # element count of each tensor of the bucket, in bucket order
                                  # (sums to numel): the layout methods that work per layer need
+    density: float | None = None  # this step's target density when the engine's schedule sets
+                                  # it (algorithms/corrections.py); None: the method's ``density``
+                                  # (read it through ``Algorithm.step_density``)
+    momentum: Momentum | None = None  # the momentum correction's buffer, when it is on: pass it
+                                      # to every backend op that accumulates
 
 
 @dataclass(frozen=True)
@@ -78,16 +93,6 @@ class StepEnd:
     ready: dict[str, float] | None    # bucket -> seconds from the step's first gradient to the
                                       # arrival of the bucket's last one; None where not observable
     like: Any                         # a tensor on the buckets' device, for collective payloads
-
-
-def is_real(value: Any) -> bool:
-    """A real number, NumPy scalars included (``np.float32(0.5)``), booleans excluded."""
-    return isinstance(value, numbers.Real) and not isinstance(value, (bool, np.bool_))
-
-
-def is_integer(value: Any) -> bool:
-    """An integer, NumPy integers included (``np.int64(8)``), booleans excluded."""
-    return isinstance(value, numbers.Integral) and not isinstance(value, (bool, np.bool_))
 
 
 def check_density(density: Any) -> float:
@@ -118,10 +123,37 @@ class Algorithm:
     scopes: ClassVar[tuple[str, ...]] = (TENSOR, MODEL)
     exclusive: ClassVar[bool] = False   # ranks' selections never overlap: union = concatenation
 
-    def __init__(self, density: float, *, pattern: str | None = None, scope: str | None = None):
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """Every method takes the correction options (``**corrections``): its ``help()`` and
+        signature list them by name, with their descriptions."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is None or not any(p.kind is p.VAR_KEYWORD
+                                   for p in inspect.signature(init).parameters.values()):
+            return
+        named = set(Corrections.names()) & set(inspect.signature(init).parameters)   # DGC's own
+        init.__signature__ = spell_out(init)
+        if cls.__doc__ and "Args:" in cls.__doc__:
+            extra = textwrap.indent(corrections_doc(exclude=named), "    ")
+            cls.__doc__ = (cls.__doc__.rstrip() + "\n\n    Corrections (every method, applied by the "
+                           "engine: algorithms/corrections.py):\n" + extra + "\n")
+
+    def __init__(self, density: float, *, pattern: str | None = None, scope: str | None = None,
+                 **corrections: Unpack[CorrectionOptions]):
         self.density = check_density(density)
         self.pattern = check_choice("pattern", pattern or self.patterns[0], self.patterns)
         self.scope = check_choice("scope", scope or self.scopes[0], self.scopes)
+        unknown = set(corrections) - set(Corrections.names())
+        if unknown:
+            raise TypeError(f"{type(self).__name__}() got unexpected keyword arguments "
+                            f"{sorted(unknown)}")
+        # Momentum correction, warm-up, dense small tensors: applied by the engine for every
+        # method (algorithms/corrections.py).
+        self._corrections = Corrections(**corrections)
+
+    @property
+    def corrections(self) -> Corrections:
+        return self._corrections
 
     @property
     def select_collectives(self) -> bool:
@@ -130,23 +162,41 @@ class Algorithm:
         return False
 
     def plan(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
-        """Group the model's gradients into buckets: (bucket name, member keys) in a
-        rank-independent order. ``keys`` are in parameter (forward) order. By ``scope``: one
-        bucket per tensor, or the whole model as one bucket named "model"."""
+        """The model's gradients in buckets: (bucket name, member keys) in a rank-independent
+        order; ``keys`` are in parameter (forward) order. Tensors under ``dense_below`` entries
+        are taken out first: one bucket each in per-tensor scope, else one bucket of their own
+        (``DENSE_BUCKET``) averaged densely; the method groups the rest (``group``)."""
+        small = {key for key, n in zip(keys, sizes, strict=True) if self.corrections.is_dense_tensor(n)}
+        if not small or self.scope == TENSOR:
+            return self.group(keys, sizes)
+        kept = [(key, n) for key, n in zip(keys, sizes, strict=True) if key not in small]
+        plan = self.group([k for k, _ in kept], [n for _, n in kept]) if kept else []
+        return [*plan, (DENSE_BUCKET, [key for key in keys if key in small])]
+
+    def group(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
+        """Group the sparsified gradients into buckets, by ``scope``: one bucket per tensor, or
+        the whole model as one bucket named "model". Methods with groups of their own override
+        it (LAGS)."""
         if self.scope == MODEL:
             return [("model", list(keys))]
         return [(key, [key]) for key in keys]
 
-    def k(self, numel: int) -> int:
-        """Entries to send from a bucket of ``numel``: floor(density * numel), at least one."""
-        return max(1, min(numel, int(self.density * numel)))
+    def step_density(self, ctx: StepContext) -> float:
+        """This step's target density: the warm-up schedule's, else the method's ``density``."""
+        return self.density if ctx.density is None else ctx.density
+
+    def k(self, numel: int, density: float | None = None) -> int:
+        """Entries to send from a bucket of ``numel`` at ``density`` (default: the method's):
+        floor(density * numel), at least one."""
+        density = self.density if density is None else density
+        return max(1, min(numel, int(density * numel)))
 
     # --- accumulation and selection -------------------------------------------------------------
     def accumulate(self, residual: Any, tensors: list, control: Any, ctx: StepContext) -> Any:
         """The vector selection sees: gradient + residual (error feedback), built in the residual
         buffer. Methods that transform the gradient first (DGC's momentum correction, clipping)
         override this; whatever is not sent of the returned vector becomes the next residual."""
-        return ctx.backend.accumulate(residual, tensors)
+        return ctx.backend.accumulate(residual, tensors, momentum=ctx.momentum)
 
     def accumulate_select(self, residual: Any, tensors: list, control: Any, ctx: StepContext,
                           clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
@@ -166,7 +216,7 @@ class Algorithm:
 
     def target_k(self, control: Any, ctx: StepContext) -> int:
         """The count this bucket aims to send this step (the ``k`` statistic)."""
-        return self.k(ctx.numel)
+        return self.k(ctx.numel, self.step_density(ctx))
 
     def select(self, acc: Any, control: Any, ctx: StepContext) -> Protocol:
         """Protocol returning this rank's indices (int64, non-empty). Default: no collective."""
@@ -190,6 +240,11 @@ class Algorithm:
         """The aggregated index set of the union pattern, identical on every rank: the
         concatenation when selections are disjoint by construction, else the distinct indices."""
         return gathered if self.exclusive else ctx.backend.unique(gathered)
+
+    def masks_momentum(self, control: Any, ctx: StepContext) -> bool:
+        """Whether the momentum correction's factor masking applies after this step (with
+        ``momentum_masking``; the engine never masks a dense step). Default: yes."""
+        return True
 
     # --- control state ----------------------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> Any:
@@ -236,8 +291,9 @@ class Algorithm:
         return state
 
     def describe(self) -> dict:
-        """Hyper-parameters, for logs and checkpoints."""
-        return {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        """Hyper-parameters, for logs and checkpoints (corrections where they are set)."""
+        own = {k: v for k, v in vars(self).items() if not k.startswith("_")}
+        return {**own, **self.corrections.changed()}
 
     def __repr__(self) -> str:
         args = ", ".join(f"{k}={v!r}" for k, v in self.describe().items())

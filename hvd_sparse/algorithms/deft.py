@@ -53,13 +53,14 @@ import math
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..comm import BROADCAST, Collective, Protocol
 from ..errors import ConfigurationError
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
+from .corrections import CorrectionOptions
 
 PACKINGS = ("linear", "heap")
 CONTROL_FORMAT = 1
@@ -275,8 +276,9 @@ class DEFT(Algorithm):
     scopes = (MODEL,)
     exclusive = True
 
-    def __init__(self, density: float = 0.001, *, agreed_k: bool = False, packing: str = "linear"):
-        super().__init__(density, pattern=UNION, scope=MODEL)
+    def __init__(self, density: float = 0.001, *, agreed_k: bool = False, packing: str = "linear",
+                 **corrections: Unpack[CorrectionOptions]):
+        super().__init__(density, pattern=UNION, scope=MODEL, **corrections)
         if not isinstance(agreed_k, bool):
             raise ConfigurationError(f"agreed_k must be True or False, got {agreed_k!r}")
         self.agreed_k = agreed_k
@@ -320,7 +322,8 @@ class DEFT(Algorithm):
     def accumulate(self, residual: Any, tensors: list, control: DeftControl, ctx: StepContext) -> Any:
         """Error feedback with the units' norms taken in the same pass (``Backend.accumulate_norms``),
         so that ``select`` does not read the vector again for them."""
-        acc, norms = ctx.backend.accumulate_norms(residual, tensors, list(control.table.sizes))
+        acc, norms = ctx.backend.accumulate_norms(residual, tensors, list(control.table.sizes),
+                                                  ctx.momentum)
         control.norms = (acc, norms)
         return acc
 
@@ -331,7 +334,7 @@ class DEFT(Algorithm):
         taken, control.norms = control.norms, None
         norms = float32_norms(taken[1] if taken is not None and taken[0] is acc
                               else b.segment_norms(acc, list(table.sizes)))
-        k_units = split_k(norms, table.sizes, int(self.density * ctx.numel))
+        k_units = split_k(norms, table.sizes, int(self.step_density(ctx) * ctx.numel))
         master = ctx.step % n_ranks
         if ctx.rank == master:
             pack = pack_heap if self.packing == "heap" else pack_linear

@@ -2,12 +2,13 @@
 
 Paper mode follows the first author's PyTorch code (``synxlin/deep-gradient-compression``):
 
-* **Momentum correction** (the ``accumulate`` hook). DGC moves momentum *into* the compressed
-  quantity: per bucket a momentum buffer ``u`` (fp32, on the framework's device, kept in the
-  bucket's control state) and the velocity ``v`` (the engine's residual):
-  standard ``u ← μu + g; v ← v + u``, or with ``nesterov=True`` ``u ← μ(u + g); v ← v + u + g``.
-  ``v`` is what is sparsified, so pair DGC with an optimizer *without* momentum
-  (e.g. ``torch.optim.SGD(params, lr, momentum=0)``): the momentum is already in the update.
+* **Momentum correction**, the engine's (algorithms/corrections.py), with DGC's defaults
+  (``momentum=0.9``). DGC moves momentum *into* the compressed quantity: per bucket a momentum
+  buffer ``u`` (the residual's dtype, on the framework's device) and the velocity ``v`` (the
+  engine's residual): standard ``u ← μu + g; v ← v + u``, or with ``nesterov=True``
+  ``u ← μ(u + g); v ← v + u + g``. ``v`` is what is sparsified, so pair DGC with an optimizer
+  *without* momentum (e.g. ``torch.optim.SGD(params, lr, momentum=0)``): the momentum is already
+  in the update.
 * **Sampled threshold.** Sample ``|v|`` (strided with a random start, stride a multiple of 32
   plus 1, at least ``max(ceil(sample_ratio·n), ceil(2/ρ))`` samples; a tensor with
   ``n ≤ ceil(2/ρ)`` is not sampled), take λ as the smallest of the top ``ceil(ρ·samples)``
@@ -15,9 +16,9 @@ Paper mode follows the first author's PyTorch code (``synxlin/deep-gradient-comp
   ``upper·k`` selected → exact top-k among them (``resample``) and stop, or λ ×= upper without
   ``resample``; between k and ``upper·k`` → stop; fewer than ``lower·k`` → λ ×= lower. Finally
   the first k selected (in index order) are kept. Here k = ceil(ρ·n) (the authors' rounding).
-* **Momentum factor masking.** After the exchange ``u`` is cleared where this rank sent (the
-  ``observe`` hook, from ``outcome.own_indices``); the engine clears ``v`` there (error
-  feedback). On a step whose gradient was skipped as non-finite, nothing is cleared.
+* **Momentum factor masking.** After the exchange the engine clears ``u`` where this rank sent,
+  and ``v`` there (error feedback). On a step whose gradient was skipped as non-finite, nothing
+  is cleared.
 * **Warm-up.** With ``warmup_epochs = W > 0`` the density at epoch ``e < W`` is
   ``max(ρ^((e+1)/(W+1)), ρ)`` and ρ afterwards (ρ = 0.001, W = 4: 74.9%, 93.7%, 98.4%, 99.6%,
   then 99.9% sparsity). Call ``compression.set_epoch(epoch)`` at the start of every epoch on
@@ -37,19 +38,21 @@ here every gradient Horovod hands over is sparsified. Their strided sampling dra
 start from Python's global ``random`` (seeded identically on every rank); here the start comes
 from NumPy seeded by ``seed``, the step and the bucket, so it is also identical on every rank.
 At density 1 (k = n) momentum masking is skipped, which keeps the momentum like the authors'
-dense path.
+dense path. ``warmup_epochs`` and the engine's per-step ``warmup_steps`` are two forms of the same
+schedule: give one of them.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..errors import ConfigurationError
-from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, StepOutcome, is_integer, is_real
+from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer, is_real
+from .corrections import CorrectionOptions
 from .randomk import bucket_seed
 
 
@@ -57,8 +60,6 @@ from .randomk import bucket_seed
 class DGCControl:
     """One bucket's DGC state on this rank."""
 
-    momentum: Any = None            # u: framework tensor (NumPy after a checkpoint load)
-    accumulated_step: int = -1      # the step whose gradient entered u (masking applies then)
     threshold: float | None = None  # last λ
     density: float | None = None    # density of the last step (warm-up)
     k: int | None = None            # entries the last step aimed to send
@@ -98,17 +99,6 @@ def warmup_density(density: float, warmup_epochs: int, epoch: int) -> float:
     return max(coefficient ** (epoch + 1), density)
 
 
-def _host_copy(x: Any) -> np.ndarray | None:
-    """A NumPy copy of a framework tensor, wherever it lives (for checkpoints)."""
-    if x is None:
-        return None
-    if hasattr(x, "detach"):      # torch, possibly on a GPU
-        return x.detach().cpu().numpy().copy()
-    if hasattr(x, "numpy"):       # TensorFlow eager tensor
-        return np.array(x.numpy())
-    return np.array(x)
-
-
 def _number(option: str, value: Any, low: float, high: float, low_open: bool = False) -> float:
     if not is_real(value) or not math.isfinite(value):
         raise ConfigurationError(f"{option} must be a number, got {value!r}")
@@ -125,7 +115,8 @@ class DGC(Algorithm):
     Args:
         density: fraction of entries each rank sends per step after warm-up, in (0, 1];
             k = ceil(density * n).
-        momentum: μ of the momentum correction (0 disables it: plain error feedback).
+        momentum: μ of the momentum correction (0 disables it: plain error feedback); the
+            engine's correction, which every method has (algorithms/corrections.py).
         nesterov: Nesterov form of the momentum correction.
         momentum_masking: clear ``u`` where this rank sent (the paper's factor masking).
         clip_norm: local gradient clipping at ``clip_norm / sqrt(N)`` (None: off).
@@ -148,15 +139,13 @@ class DGC(Algorithm):
                  momentum_masking: bool = True, clip_norm: float | None = None,
                  sample_ratio: float = 0.01, strided_sample: bool = True, upper: float = 1.3,
                  lower: float = 0.8, max_adaptation_iters: int = 10, resample: bool = True,
-                 warmup_epochs: int = 0, seed: int = 0, scope: str = TENSOR):
-        super().__init__(density, scope=scope)
-        self.momentum = _number("momentum", momentum, 0.0, 1.0)
-        for option, flag in (("nesterov", nesterov), ("momentum_masking", momentum_masking),
-                             ("strided_sample", strided_sample), ("resample", resample)):
+                 warmup_epochs: int = 0, seed: int = 0, scope: str = TENSOR,
+                 **corrections: Unpack[CorrectionOptions]):
+        super().__init__(density, scope=scope, momentum=momentum, nesterov=nesterov,
+                         momentum_masking=momentum_masking, **corrections)
+        for option, flag in (("strided_sample", strided_sample), ("resample", resample)):
             if not isinstance(flag, bool):
                 raise ConfigurationError(f"{option} must be True or False, got {flag!r}")
-        self.nesterov = nesterov
-        self.momentum_masking = momentum_masking
         self.clip_norm = None if clip_norm is None else _number("clip_norm", clip_norm, 0.0, math.inf, True)
         self.sample_ratio = min(max(_number("sample_ratio", sample_ratio, 0.0, 1.0, True), 0.01), 1.0)
         self.strided_sample = strided_sample
@@ -169,6 +158,10 @@ class DGC(Algorithm):
         self.max_adaptation_iters = int(max_adaptation_iters)
         self.resample = resample
         self.warmup_epochs = int(warmup_epochs)
+        if self.warmup_epochs and self.corrections.warmup_steps:
+            raise ConfigurationError(
+                "give warmup_epochs (DGC's per-epoch schedule, with set_epoch) or warmup_steps (the "
+                "same schedule per step), not both")
         self.seed = int(seed)
         self._epoch = 0
 
@@ -181,40 +174,36 @@ class DGC(Algorithm):
 
     @property
     def current_density(self) -> float:
+        """The density of the current epoch's warm-up (``warmup_epochs``)."""
         return warmup_density(self.density, self.warmup_epochs, self._epoch)
 
-    def k(self, numel: int) -> int:
-        return sampling_plan(numel, self.current_density, self.sample_ratio).k
+    def step_density(self, ctx: StepContext) -> float:
+        """This step's density: the per-epoch warm-up, or the engine's per-step schedule."""
+        return ctx.density if ctx.density is not None else self.current_density
 
-    # --- momentum correction ------------------------------------------------------------------------
+    def k(self, numel: int, density: float | None = None) -> int:
+        density = self.current_density if density is None else density
+        return sampling_plan(numel, density, self.sample_ratio).k
+
+    # --- clipping before the momentum correction ------------------------------------------------------
     def init_control(self, ctx: StepContext) -> DGCControl:
         return DGCControl()
 
     def accumulate(self, residual: Any, tensors: list, control: DGCControl, ctx: StepContext) -> Any:
+        if self.clip_norm is None:   # the engine's accumulation (one pass with a kernel)
+            return super().accumulate(residual, tensors, control, ctx)
         b = ctx.backend
-        dtype = b.dtype_name(residual)
-        u = control.momentum
-        if u is None:
-            u = b.zeros(ctx.numel, dtype, like=residual)
-        elif isinstance(u, np.ndarray):  # restored from a checkpoint
-            u = b.from_numpy(u.astype(dtype), like=residual)
-        if self.clip_norm is None:   # one backend op (one pass with a kernel)
-            velocity, u = b.momentum_accumulate(residual, u, tensors, self.momentum, self.nesterov)
-        else:
-            grad = b.accumulate(b.zeros(ctx.numel, dtype, like=residual), tensors)
-            limit = self.clip_norm / math.sqrt(ctx.size)
-            coefficient = limit / (math.sqrt(b.sum_of_squares(grad)) + 1e-6)
-            if coefficient < 1:
-                grad = b.scale(grad, coefficient)
-            velocity, u = b.momentum_step(residual, u, grad, self.momentum, self.nesterov)
-        control.momentum = u
-        control.accumulated_step = ctx.step
-        return velocity
+        grad = b.accumulate(b.zeros(ctx.numel, b.dtype_name(residual), like=residual), tensors)
+        limit = self.clip_norm / math.sqrt(ctx.size)
+        coefficient = limit / (math.sqrt(b.sum_of_squares(grad)) + 1e-6)
+        if coefficient < 1:
+            grad = b.scale(grad, coefficient)
+        return b.accumulate(residual, [grad], momentum=ctx.momentum)
 
     # --- selection -------------------------------------------------------------------------------------
     def select_local(self, acc: Any, control: DGCControl, ctx: StepContext) -> Any:
         b = ctx.backend
-        density = self.current_density
+        density = self.step_density(ctx)
         plan = sampling_plan(ctx.numel, density, self.sample_ratio)
         control.density, control.k = density, plan.k
         if plan.num_samples == ctx.numel:
@@ -251,15 +240,11 @@ class DGC(Algorithm):
         return b.slice(idx, 0, plan.k) if b.numel(idx) > plan.k else idx
 
     def target_k(self, control: DGCControl, ctx: StepContext) -> int:
-        return control.k if control.k is not None else self.k(ctx.numel)
+        return control.k if control.k is not None else self.k(ctx.numel, self.step_density(ctx))
 
-    # --- momentum factor masking -----------------------------------------------------------------------
-    def observe(self, control: DGCControl, outcome: StepOutcome, ctx: StepContext) -> DGCControl:
-        masked = (self.momentum_masking and control.accumulated_step == ctx.step
-                  and control.k is not None and control.k < ctx.numel)
-        if masked:
-            control.momentum = ctx.backend.zero_at(control.momentum, outcome.own_indices)
-        return control
+    def masks_momentum(self, control: DGCControl, ctx: StepContext) -> bool:
+        """The authors' dense path (k = n) keeps the momentum."""
+        return control.k is None or control.k < ctx.numel
 
     # --- statistics and checkpoints ----------------------------------------------------------------------
     def control_stats(self, control: DGCControl) -> dict:
@@ -271,15 +256,11 @@ class DGC(Algorithm):
         return out
 
     def control_state(self, control: DGCControl) -> dict:
-        return {"momentum": _host_copy(control.momentum), "accumulated_step": control.accumulated_step,
-                "threshold": control.threshold, "density": control.density, "k": control.k}
-
-    def agreed_control(self, state: dict) -> dict:
-        return {**state, "momentum": None}   # per rank, like the residual
+        return {"threshold": control.threshold, "density": control.density, "k": control.k}
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> DGCControl:
-        control = DGCControl(**state)
-        if saved_size != ctx.size:  # momentum is per rank, like the residual: reset it
-            control.momentum = None
-        return control
+        # Checkpoints before the engine kept the momentum had it here (per rank): the engine
+        # reads it from there (Engine._restore).
+        known = {k: v for k, v in state.items() if k in ("threshold", "density", "k")}
+        return DGCControl(**known)
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 from fractions import Fraction
+from typing import Unpack
 
 import numpy as np
 
@@ -48,6 +49,7 @@ from ..comm import NEIGHBOURS, Collective, Protocol
 from ..errors import ConfigurationError
 from ..renamed import renamed_options
 from .base import StepContext, StepOutcome, check_choice, is_integer
+from .corrections import CorrectionOptions
 from .micro import (
     ExclusiveControl,
     MiCRO,
@@ -240,9 +242,9 @@ class ExDyna(MiCRO):
                  num_blocks: int | str = PAPER_BLOCKS, threshold_scaling: str = "paper",
                  threshold_band: str = "code", overload_ratio: str | float = "1.05",
                  underload_ratio: str | float = "0.95238", histogram_decay: float = 0.8,
-                 threshold_start: str = "paper"):
+                 threshold_start: str = "paper", **corrections: Unpack[CorrectionOptions]):
         super().__init__(density, threshold_scaling=threshold_scaling, threshold_band=threshold_band,
-                         threshold_start=threshold_start)
+                         threshold_start=threshold_start, **corrections)
         self.rebalance = check_choice("rebalance", rebalance, REBALANCE_MODES)
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")

@@ -36,12 +36,13 @@ from __future__ import annotations
 
 import statistics
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer
+from .corrections import CorrectionOptions
 
 VARIANTS = ("original", "rescale")
 _DEFAULT_LOOPS = {"original": 100, "rescale": 3}
@@ -87,8 +88,8 @@ class GaussianK(Algorithm):
     scopes = (TENSOR, MODEL)
 
     def __init__(self, density: float = 0.01, *, variant: str = "original", max_loops: int | None = None,
-                 scope: str = TENSOR):
-        super().__init__(density, scope=scope)
+                 scope: str = TENSOR, **corrections: Unpack[CorrectionOptions]):
+        super().__init__(density, scope=scope, **corrections)
         if variant not in VARIANTS:
             raise ConfigurationError(f"variant must be one of {VARIANTS}, got {variant!r}")
         if max_loops is None:
@@ -98,9 +99,11 @@ class GaussianK(Algorithm):
         self.variant = variant
         self.max_loops = int(max_loops)
 
-    def initial_threshold(self, mean: float, std: float) -> float:
-        """λ = μ + σ·Φ⁻¹(1 − ρ/2): the upper edge of the two-sided Gaussian tail of mass ρ."""
-        return mean + std * statistics.NormalDist().inv_cdf(1.0 - self.density / 2.0)
+    def initial_threshold(self, mean: float, std: float, density: float | None = None) -> float:
+        """λ = μ + σ·Φ⁻¹(1 − ρ/2): the upper edge of the two-sided Gaussian tail of mass ρ
+        (ρ: ``density``, default the method's)."""
+        density = self.density if density is None else density
+        return mean + std * statistics.NormalDist().inv_cdf(1.0 - density / 2.0)
 
     def init_control(self, ctx: StepContext) -> GaussianControl:
         return GaussianControl()
@@ -110,7 +113,8 @@ class GaussianK(Algorithm):
         """Error feedback with μ and σ taken in the accumulating pass (``Backend.accumulate_moments``),
         then the selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the
         same decisions."""
-        acc, moments, finite = ctx.backend.accumulate_moments(residual, tensors, clear_inputs, check_finite)
+        acc, moments, finite = ctx.backend.accumulate_moments(residual, tensors, clear_inputs, check_finite,
+                                                             ctx.momentum)
         if not finite:
             return acc, None, False
         return acc, self._select(acc, *moments, control, ctx), True
@@ -119,8 +123,8 @@ class GaussianK(Algorithm):
         return self._select(acc, *ctx.backend.mean_std(acc), control, ctx)
 
     def _select(self, acc: Any, mean: float, std: float, control: GaussianControl, ctx: StepContext) -> Any:
-        k = self.k(ctx.numel)
-        threshold = self.initial_threshold(mean, std)
+        k = self.k(ctx.numel, self.step_density(ctx))
+        threshold = self.initial_threshold(mean, std, self.step_density(ctx))
         dtype = ctx.backend.dtype_name(acc)
         if self.variant == "rescale":
             idx, threshold = self._rescale(acc, threshold, k, dtype, ctx)

@@ -53,7 +53,7 @@ import time
 import warnings
 from collections.abc import Iterable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
@@ -71,6 +71,7 @@ from .base import (
     is_integer,
     is_real,
 )
+from .corrections import CorrectionOptions
 
 GROUP = "group"            # scope: merged groups of consecutive tensors (merge_threshold > 0)
 COMP_TIMES = ("own", "remaining")
@@ -195,12 +196,13 @@ class LAGS(Algorithm):
                  comp_time: str = "own", profile_steps: int = 5, alpha: float | None = None,
                  beta: float | None = None, calibration_sizes: tuple[int, int] = (256, 1 << 20),
                  calibration_repeats: int = 5, min_density: float = 0.001,
-                 overflow_density: float = 0.05):
+                 overflow_density: float = 0.05, **corrections: Unpack[CorrectionOptions]):
         if not is_integer(merge_threshold) or merge_threshold < 0:
             raise ConfigurationError(
                 f"merge_threshold must be an int >= 0 (elements per group; 0 = one group per "
                 f"tensor), got {merge_threshold!r}")
-        super().__init__(density, pattern=GATHER, scope=TENSOR if merge_threshold == 0 else GROUP)
+        super().__init__(density, pattern=GATHER, scope=TENSOR if merge_threshold == 0 else GROUP,
+                         **corrections)
         self.merge_threshold = merge_threshold = int(merge_threshold)
         if not isinstance(adaptive, bool):
             raise ConfigurationError(f"adaptive must be True or False, got {adaptive!r}")
@@ -234,15 +236,21 @@ class LAGS(Algorithm):
         self._warned_untimed = False
 
     # --- grouping and selection -------------------------------------------------------------------
-    def plan(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
+    def group(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
         return plan_groups(keys, sizes, self.merge_threshold)
 
     def target_k(self, control: LagsControl, ctx: StepContext) -> int:
-        return group_k(control.density, ctx.numel)
+        return group_k(self.group_density(control, ctx), ctx.numel)
+
+    def group_density(self, control: LagsControl, ctx: StepContext) -> float:
+        """The group's density this step: its own, scaled like the method's during a warm-up."""
+        if self.step_density(ctx) == self.density:
+            return control.density
+        return min(1.0, control.density * self.step_density(ctx) / self.density)
 
     def select_local(self, acc: Any, control: LagsControl, ctx: StepContext) -> Any:
         b = ctx.backend
-        return b.topk_abs_indices(acc, group_k(control.density, ctx.numel))
+        return b.topk_abs_indices(acc, group_k(self.group_density(control, ctx), ctx.numel))
 
     # --- control: the adaptive density ----------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> LagsControl:

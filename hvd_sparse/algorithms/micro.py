@@ -34,7 +34,7 @@ import math
 import warnings
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import TYPE_CHECKING, Any, ClassVar
+from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 import numpy as np
 
@@ -43,6 +43,7 @@ from ..comm import Protocol, finished
 from ..errors import ConfigurationError
 from ..renamed import renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
+from .corrections import CorrectionOptions
 
 if TYPE_CHECKING:
     from .exdyna import BlockLayout
@@ -202,8 +203,9 @@ class MiCRO(Algorithm):
 
     @renamed_options(threshold="threshold_scaling", band="threshold_band")
     def __init__(self, density: float = 0.001, *, threshold_scaling: str = "paper",
-                 threshold_band: str = "code", threshold_start: str = "paper"):
-        super().__init__(density)
+                 threshold_band: str = "code", threshold_start: str = "paper",
+                 **corrections: Unpack[CorrectionOptions]):
+        super().__init__(density, **corrections)
         self.threshold_scaling = check_choice("threshold_scaling", threshold_scaling,
                                               THRESHOLD_SCALINGS)
         self.threshold_band = check_choice("threshold_band", threshold_band, THRESHOLD_BANDS)
@@ -226,7 +228,7 @@ class MiCRO(Algorithm):
     # --- the step ---------------------------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> ExclusiveControl:
         refuse_fewer_entries_than_ranks(type(self).__name__, ctx.numel, ctx.size)
-        k = self.k(ctx.numel)
+        k = self.k(ctx.numel, self.step_density(ctx))
         control = ExclusiveControl(k=k, threshold=initial_threshold(k), bounds=None)
         self.reset_partitions(control, ctx)
         return control
@@ -236,6 +238,7 @@ class MiCRO(Algorithm):
         threshold, before the gradient is read."""
         if ctx.step > 0 and control.union_prev is not None:
             yield from self.rebalance_partitions(control, ctx)
+        control.k = self.k(ctx.numel, self.step_density(ctx))   # moves only during a density warm-up
         control.own = self.own_range(control, ctx)
         control.used_threshold = control.threshold
 
@@ -277,7 +280,7 @@ class MiCRO(Algorithm):
         probes, every = self.probes(control, ctx)
         acc, idx, counts, finite = ctx.backend.accumulate_select(
             residual, tensors, *control.own, control.used_threshold, probes, every,
-            index_dtype_for(ctx.numel), clear_inputs, check_finite)
+            index_dtype_for(ctx.numel), clear_inputs, check_finite, ctx.momentum)
         if finite:
             self._keep_probes(control, counts, ctx)
         return acc, idx, finite

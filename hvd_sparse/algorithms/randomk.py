@@ -23,12 +23,13 @@ a residual, which hvd_sparse does not offer).
 from __future__ import annotations
 
 import zlib
-from typing import Any
+from typing import Any, Unpack
 
 import numpy as np
 
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, SHARED, TENSOR, Algorithm, StepContext
+from .corrections import CorrectionOptions
 
 
 def bucket_seed(key: str) -> int:
@@ -53,12 +54,12 @@ class RandomK(Algorithm):
     scopes = (TENSOR, MODEL)
 
     def __init__(self, density: float = 0.01, *, seed: int = 0, shared_seed: bool = False,
-                 scope: str = TENSOR):
+                 scope: str = TENSOR, **corrections: Unpack[CorrectionOptions]):
         if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
             raise ConfigurationError(f"seed must be a non-negative integer, got {seed!r}")
         if not isinstance(shared_seed, bool):
             raise ConfigurationError(f"shared_seed must be True or False, got {shared_seed!r}")
-        super().__init__(density, pattern=SHARED if shared_seed else GATHER, scope=scope)
+        super().__init__(density, pattern=SHARED if shared_seed else GATHER, scope=scope, **corrections)
         self.seed = int(seed)
         self.shared_seed = shared_seed
 
@@ -66,7 +67,7 @@ class RandomK(Algorithm):
         """This step's indices (sorted int64) for the bucket, as NumPy."""
         stream = 0 if self.shared_seed else ctx.rank + 1
         rng = np.random.default_rng([self.seed, stream, ctx.step, bucket_seed(ctx.key)])
-        k = self.k(ctx.numel)
+        k = self.k(ctx.numel, self.step_density(ctx))
         if k >= ctx.numel:
             return np.arange(ctx.numel, dtype=np.int64)
         return np.sort(rng.choice(ctx.numel, size=k, replace=False)).astype(np.int64)

@@ -25,11 +25,12 @@ its own λ from its own k. To reproduce the authors' per-tensor run, pass the mo
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Unpack
 
 from ..backends import index_dtype_for
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, TENSOR, UNION, Algorithm, StepContext, is_real
+from .corrections import CorrectionOptions
 
 
 class Threshold(Algorithm):
@@ -48,8 +49,8 @@ class Threshold(Algorithm):
     scopes = (MODEL, TENSOR)
 
     def __init__(self, density: float = 0.01, *, threshold: float | None = None,
-                 pattern: str = GATHER, scope: str = MODEL):
-        super().__init__(density, pattern=pattern, scope=scope)
+                 pattern: str = GATHER, scope: str = MODEL, **corrections: Unpack[CorrectionOptions]):
+        super().__init__(density, pattern=pattern, scope=scope, **corrections)
         if threshold is not None and (not is_real(threshold)
                                       or not math.isfinite(threshold) or threshold <= 0):
             raise ConfigurationError(f"threshold must be a positive number (λ), got {threshold!r}")
@@ -67,14 +68,21 @@ class Threshold(Algorithm):
             return self.threshold
         return self.default_threshold(self.density, ctx.numel)
 
+    def step_threshold(self, control: float, ctx: StepContext) -> float:
+        """λ of this step: the bucket's, or during a density warm-up the authors' λ for the
+        step's target density (unless λ was given)."""
+        if self.threshold is None and self.step_density(ctx) != self.density:
+            return self.default_threshold(self.step_density(ctx), ctx.numel)
+        return control
+
     def select_local(self, acc: Any, control: float, ctx: StepContext) -> Any:
-        return ctx.backend.select_at_least(acc, 0, ctx.numel, control)[0]
+        return ctx.backend.select_at_least(acc, 0, ctx.numel, self.step_threshold(control, ctx))[0]
 
     def accumulate_select(self, residual: Any, tensors: list, control: float, ctx: StepContext,
                           clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool]:
         acc, idx, _, finite = ctx.backend.accumulate_select(
-            residual, tensors, 0, ctx.numel, control, (), 1, index_dtype_for(ctx.numel), clear_inputs,
-            check_finite)
+            residual, tensors, 0, ctx.numel, self.step_threshold(control, ctx), (), 1,
+            index_dtype_for(ctx.numel), clear_inputs, check_finite, ctx.momentum)
         return acc, idx, finite
 
     def control_stats(self, control: float) -> dict:

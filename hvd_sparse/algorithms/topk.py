@@ -15,9 +15,10 @@ over the whole model flattened into one vector.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Unpack
 
 from .base import GATHER, MODEL, TENSOR, UNION, Algorithm, StepContext
+from .corrections import CorrectionOptions
 
 
 class TopK(Algorithm):
@@ -35,9 +36,10 @@ class TopK(Algorithm):
     patterns = (GATHER, UNION)
     scopes = (TENSOR, MODEL)
 
-    def __init__(self, density: float = 0.01, *, pattern: str = GATHER, scope: str = TENSOR):
-        super().__init__(density, pattern=pattern, scope=scope)
+    def __init__(self, density: float = 0.01, *, pattern: str = GATHER, scope: str = TENSOR,
+                 **corrections: Unpack[CorrectionOptions]):
+        super().__init__(density, pattern=pattern, scope=scope, **corrections)
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
         b = ctx.backend
-        return b.topk_abs_indices(acc, self.k(ctx.numel))
+        return b.topk_abs_indices(acc, self.k(ctx.numel, self.step_density(ctx)))

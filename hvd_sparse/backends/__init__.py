@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
-from .base import Backend, index_dtype_for
+from .base import Backend, Momentum, index_dtype_for
 
-__all__ = ["Backend", "get_backend", "index_dtype_for"]
+__all__ = ["Backend", "Momentum", "get_backend", "index_dtype_for"]
 
 _INSTANCES: dict[str, Backend] = {}
 

@@ -13,12 +13,25 @@ computations that read host scalars (``to_numpy``, ``item``).
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
 import numpy as np
 
 Array = Any  # a framework tensor: numpy.ndarray, torch.Tensor or tf.Tensor
+
+
+@dataclass
+class Momentum:
+    """One bucket's momentum correction, handed to the ops that accumulate: the velocity ``u``
+    (the residual's dtype and length; updated in place, or replaced by backends whose arrays are
+    immutable), its factor and form. With it, what is accumulated into the residual is
+    ``u <- factor*u + g`` (Nesterov: ``u <- factor*(u + g)``, then ``(e + u) + g``) instead of g."""
+
+    buffer: Array
+    factor: float
+    nesterov: bool = False
 
 
 class Backend:
@@ -153,13 +166,19 @@ class Backend:
         raise NotImplementedError
 
     # --- buckets: many tensors <-> one flat vector ---------------------------------------------------
-    def accumulate(self, residual: Array, tensors: list[Array], clear_inputs: bool = False) -> Array:
+    def accumulate(self, residual: Array, tensors: list[Array], clear_inputs: bool = False,
+                   momentum: Momentum | None = None) -> Array:
         """residual + concat(flattened tensors), in the residual's dtype; may write into residual
         (backends with mutable arrays add slice by slice, without a concatenated copy). With
         ``clear_inputs`` every input is also set to zero (mutable backends; the engine writes the
-        average into the inputs later, so a kernel can clear them in the same pass)."""
-        flat = self.concat([self.cast(self.flat(t), self.dtype_name(residual)) for t in tensors])
-        out = self.add(residual, flat)
+        average into the inputs later, so a kernel can clear them in the same pass). With
+        ``momentum`` the gradient enters through the velocity (``Momentum``), which is updated."""
+        if momentum is not None:
+            out, momentum.buffer = self.momentum_accumulate(residual, momentum.buffer, tensors,
+                                                            momentum.factor, momentum.nesterov)
+        else:
+            flat = self.concat([self.cast(self.flat(t), self.dtype_name(residual)) for t in tensors])
+            out = self.add(residual, flat)
         if clear_inputs:
             self.clear(tensors)
         return out
@@ -179,40 +198,42 @@ class Backend:
 
     def accumulate_select(self, residual: Array, tensors: list[Array], lo: int, hi: int, threshold: float,
                           probes: list[float] = (), every: int = 1, index_dtype: str = "int64",
-                          clear_inputs: bool = False, check_finite: bool = False
+                          clear_inputs: bool = False, check_finite: bool = False,
+                          momentum: Momentum | None = None
                           ) -> tuple[Array, Array | None, list[float], bool]:
         """``accumulate`` then ``select_at_least`` on the result: (accumulated vector, indices,
         probe counts, True). A kernel does both in one pass and returns the indices as
         ``index_dtype`` (the reference returns int64; the engine casts either to the bucket's index
         dtype). With ``check_finite`` the inputs are first checked (``tensors_finite``; on a GPU in
-        the same host synchronization as the count): when one holds NaN/Inf nothing is written and
-        (residual, None, [], False) comes back."""
+        the same host synchronization as the count): when one holds NaN/Inf nothing is written (the
+        momentum buffer neither) and (residual, None, [], False) comes back."""
         if check_finite and not self.tensors_finite(tensors):
             return residual, None, [], False
-        acc = self.accumulate(residual, tensors, clear_inputs)
+        acc = self.accumulate(residual, tensors, clear_inputs, momentum)
         return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
 
     def accumulate_moments(self, residual: Array, tensors: list[Array], clear_inputs: bool = False,
-                           check_finite: bool = False) -> tuple[Array, tuple[float, float] | None, bool]:
+                           check_finite: bool = False, momentum: Momentum | None = None
+                           ) -> tuple[Array, tuple[float, float] | None, bool]:
         """``accumulate`` then ``mean_std`` of the result: (accumulated vector, (mean, std), True);
         a kernel takes the moments in the accumulating pass (Gaussian-k). With ``check_finite``
         the inputs are first checked: when one holds NaN/Inf nothing is written and
         (residual, None, False) comes back."""
         if check_finite and not self.tensors_finite(tensors):
             return residual, None, False
-        acc = self.accumulate(residual, tensors, clear_inputs)
+        acc = self.accumulate(residual, tensors, clear_inputs, momentum)
         return acc, self.mean_std(acc), True
 
-    def accumulate_norms(self, residual: Array, tensors: list[Array], lengths: list[int]
-                         ) -> tuple[Array, np.ndarray]:
+    def accumulate_norms(self, residual: Array, tensors: list[Array], lengths: list[int],
+                         momentum: Momentum | None = None) -> tuple[Array, np.ndarray]:
         """``accumulate`` then ``segment_norms`` of the result: (accumulated vector, norms); a
         kernel takes the sums of squares in the accumulating pass (DEFT)."""
-        acc = self.accumulate(residual, tensors)
+        acc = self.accumulate(residual, tensors, momentum=momentum)
         return acc, self.segment_norms(acc, lengths)
 
     def momentum_accumulate(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
                             nesterov: bool) -> tuple[Array, Array]:
-        """DGC's momentum correction of the gradient g = concat(tensors): (velocity, momentum) with
+        """The momentum correction of the gradient g = concat(tensors): (velocity, momentum) with
         u = u·m + g and velocity = residual + u, or with ``nesterov`` u = (u + g)·m and
         velocity = residual + u + g; may write into residual and momentum."""
         grad = self.accumulate(self.zeros(self.numel(residual), self.dtype_name(residual), like=residual),

@@ -137,7 +137,9 @@ class NumpyBackend(Backend):
     def arange(self, lo, hi, like=None):
         return np.arange(lo, hi, dtype=np.int64)
 
-    def accumulate(self, residual, tensors, clear_inputs=False):
+    def accumulate(self, residual, tensors, clear_inputs=False, momentum=None):
+        if momentum is not None:
+            return super().accumulate(residual, tensors, clear_inputs, momentum)
         offset = 0
         for t in tensors:
             n = t.size

@@ -193,7 +193,9 @@ class TorchBackend(Backend):
     def arange(self, lo, hi, like=None):
         return torch.arange(lo, hi, dtype=torch.int64, device=like.device if like is not None else None)
 
-    def accumulate(self, residual, tensors, clear_inputs=False):
+    def accumulate(self, residual, tensors, clear_inputs=False, momentum=None):
+        if momentum is not None:   # the velocity's own op (one pass with the CPU kernel)
+            return super().accumulate(residual, tensors, clear_inputs, momentum)
         ops = kernels.ops_for(residual)
         if ops is not None and ops.accumulate(residual, tensors, clear_inputs):
             return residual
@@ -225,7 +227,9 @@ class TorchBackend(Backend):
             return done
         return super().select_at_least(x, lo, hi, threshold, probes, every)
 
-    def accumulate_moments(self, residual, tensors, clear_inputs=False, check_finite=False):
+    def accumulate_moments(self, residual, tensors, clear_inputs=False, check_finite=False, momentum=None):
+        if momentum is not None:
+            return super().accumulate_moments(residual, tensors, clear_inputs, check_finite, momentum)
         kernel = getattr(kernels.ops_for(residual), "accumulate_moments", None)
         done = None if kernel is None else kernel(residual, tensors, clear_inputs, check_finite)
         if done is not None:
@@ -233,7 +237,9 @@ class TorchBackend(Backend):
             return residual, moments, finite
         return super().accumulate_moments(residual, tensors, clear_inputs, check_finite)
 
-    def accumulate_norms(self, residual, tensors, lengths):
+    def accumulate_norms(self, residual, tensors, lengths, momentum=None):
+        if momentum is not None:
+            return super().accumulate_norms(residual, tensors, lengths, momentum)
         kernel = getattr(kernels.ops_for(residual), "accumulate_norms", None)
         norms = None if kernel is None else kernel(residual, tensors, list(lengths))
         if norms is not None:
@@ -241,9 +247,9 @@ class TorchBackend(Backend):
         return super().accumulate_norms(residual, tensors, lengths)
 
     def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
-                          index_dtype="int64", clear_inputs=False, check_finite=False):
+                          index_dtype="int64", clear_inputs=False, check_finite=False, momentum=None):
         ops = kernels.ops_for(residual)
-        if ops is not None:
+        if ops is not None and momentum is None:
             args = (residual, tensors, lo, hi, threshold, list(probes), every, _DTYPES[index_dtype],
                     clear_inputs)
             if check_finite:   # the finite check and the count read together (one sync on a GPU)
@@ -256,7 +262,7 @@ class TorchBackend(Backend):
                 if done is not None:
                     return residual, done[0], done[1], True
         return super().accumulate_select(residual, tensors, lo, hi, threshold, probes, every,
-                                         index_dtype, clear_inputs, check_finite)
+                                         index_dtype, clear_inputs, check_finite, momentum)
 
     def scatter_into(self, tensors, idx, values, unique, zeroed=False):
         if not all(t.is_contiguous() for t in tensors):   # no flat view to write through

@@ -37,7 +37,8 @@ from ..algorithms.base import (
     StepOutcome,
     check_choice,
 )
-from ..backends import Backend, index_dtype_for
+from ..algorithms.dense import DenseAverage
+from ..backends import Backend, Momentum, index_dtype_for
 from ..comm import Protocol
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
 from . import patterns
@@ -52,6 +53,8 @@ STATE_FORMAT = 1
 # What a rank does with a NaN/Inf gradient: send zeros and keep its residual ("skip", with a
 # warning), make every rank raise ("raise"), or not look (no check at all: "ignore").
 NONFINITE_POLICIES = ("skip", "raise", "ignore")
+# What selects in the dense steps and dense buckets of the corrections: everything, one allreduce.
+_DENSE = DenseAverage()
 
 
 @dataclass
@@ -71,6 +74,9 @@ class Bucket:
     stats: BucketStats | None = None
     nonfinite_steps: int = 0
     sent: tuple | None = None       # (indices, values) of the last step, for take_back
+    momentum: Any = None            # the momentum correction's velocity u (None: not started)
+    momentum_before: Any = None     # u before the last step (nonfinite="raise": for take_back)
+    dense: bool = False             # every tensor under ``dense_below``: always averaged densely
 
 
 @dataclass(frozen=True)
@@ -140,17 +146,27 @@ class Engine:
             yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
         self._agreed.add(key)
         ctx = self._context(bucket)
-        if bucket.control is None:
+        method = self._method(bucket)
+        if bucket.control is None and method is self.algorithm:
             bucket.control = self.algorithm.init_control(ctx)
+        control = bucket.control if method is self.algorithm else None
         # The steps of the module docstring:
-        yield from self.algorithm.prepare(bucket.control, ctx)             # 0
-        picked = yield from self._accumulate_select(bucket, tensors, ctx)  # 1, 2
-        out = yield from self._exchange(bucket, picked, ctx)               # 3
-        self._keep_residual(bucket, picked, out)                           # 4
-        self._observe(bucket, picked, out, ctx)                            # 5
-        return self._reconstruct(bucket, tensors, picked, out)             # 6
+        yield from method.prepare(control, ctx)                                     # 0
+        picked = yield from self._accumulate_select(bucket, tensors, method, ctx)  # 1, 2
+        out = yield from self._exchange(method, control, picked, ctx)               # 3
+        self._keep_residual(bucket, picked, out, method, ctx)                       # 4
+        self._observe(bucket, picked, out, method, ctx)                             # 5
+        return self._reconstruct(bucket, tensors, picked, out)                      # 6
 
-    def _accumulate_select(self, bucket: Bucket, tensors: list[Any], ctx: StepContext) -> Protocol:
+    def _method(self, bucket: Bucket) -> Algorithm:
+        """Who selects this step: the method, or the plain average for a bucket of small tensors
+        (``dense_below``) and during the first ``dense_steps`` (algorithms/corrections.py)."""
+        if bucket.dense or self.algorithm.corrections.dense_at(bucket.step):
+            return _DENSE
+        return self.algorithm
+
+    def _accumulate_select(self, bucket: Bucket, tensors: list[Any], method: Algorithm,
+                           ctx: StepContext) -> Protocol:
         """Protocol, steps 1 and 2: ``Selection`` of this rank's indices from gradient + residual.
 
         A rank whose gradient is not finite still takes part in every collective (skipping one
@@ -158,24 +174,30 @@ class Engine:
         residual as it was: checked before the accumulation writes the residual. Threshold
         methods accumulate and select in one op, which checks first; with write_into_inputs it
         clears the inputs in the same pass, so the reconstruction writes only the selection."""
-        b, check = self.backend, self.nonfinite != "ignore"
+        b, check, control = self.backend, self.nonfinite != "ignore", bucket.control
+        if method is not self.algorithm:
+            control = None
+        if ctx.momentum is not None and self.nonfinite == "raise":   # for take_back
+            bucket.momentum_before = b.copy(ctx.momentum.buffer)
         started = time.perf_counter()
-        fused = self.algorithm.accumulate_select(bucket.residual, tensors, bucket.control, ctx,
-                                                 self.write_into_inputs, check)
+        fused = method.accumulate_select(bucket.residual, tensors, control, ctx,
+                                         self.write_into_inputs, check)
         if fused is None:
             acc, idx, finite = None, None, not check or b.tensors_finite(tensors)
             if finite:
-                acc = self.algorithm.accumulate(bucket.residual, tensors, bucket.control, ctx)
+                acc = method.accumulate(bucket.residual, tensors, control, ctx)
         else:
             acc, idx, finite = fused
+        if ctx.momentum is not None:   # the velocity, updated (or, not finite, left) by the op
+            bucket.momentum = ctx.momentum.buffer
         if not finite:   # select from zeros, as every method does on such a step
             acc, idx = self._skip_nonfinite(bucket), None
         cleared = idx is not None and self.write_into_inputs
         if idx is None:
             started = time.perf_counter()
-            idx = yield from self.algorithm.select(acc, bucket.control, ctx)
+            idx = yield from method.select(acc, control, ctx)
         if b.numel(idx) == 0:  # an empty collective can hang: docs/architecture.md#collective-rules
-            idx = self.algorithm.fallback(bucket.control, ctx)
+            idx = method.fallback(control, ctx)
             idx = b.from_numpy(b.to_numpy(idx), like=acc)  # on the gradient's device (a GPU)
         selected = b.numel(idx)
         seconds = time.perf_counter() - started
@@ -192,22 +214,26 @@ class Engine:
         b = self.backend
         return b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
 
-    def _exchange(self, bucket: Bucket, picked: Selection, ctx: StepContext) -> Protocol:
+    def _exchange(self, method: Algorithm, control: Any, picked: Selection, ctx: StepContext) -> Protocol:
         """Protocol, step 3: the selection through the method's pattern (engine/patterns.py)."""
-        control = bucket.control
+        index_dtype, value_dtype = self.buckets[ctx.key].index_dtype, self.buckets[ctx.key].value_dtype
         out = patterns.Outgoing(
-            picked.acc, picked.idx, bucket.index_dtype, bucket.value_dtype,
+            picked.acc, picked.idx, index_dtype, value_dtype,
             poison=not picked.finite and self.nonfinite == "raise",
-            riders=self.algorithm.piggyback(control, ctx),
-            union=lambda gathered: self.algorithm.union_indices(gathered, control, ctx))
-        return (yield from patterns.BY_NAME[self.algorithm.pattern].exchange(out, ctx))
+            riders=method.piggyback(control, ctx),
+            union=lambda gathered: method.union_indices(gathered, control, ctx))
+        return (yield from patterns.BY_NAME[method.pattern].exchange(out, ctx))
 
-    def _keep_residual(self, bucket: Bucket, picked: Selection, out: patterns.Exchanged) -> None:
-        """Step 4: what was not sent becomes the residual -- unless, under nonfinite="raise", a
-        non-finite value came back: then every rank raises and keeps all of g + e."""
+    def _keep_residual(self, bucket: Bucket, picked: Selection, out: patterns.Exchanged,
+                       method: Algorithm, ctx: StepContext) -> None:
+        """Step 4: what was not sent becomes the residual, and the momentum correction's velocity
+        is cleared where the residual was (factor masking) -- unless, under nonfinite="raise", a
+        non-finite value came back: then every rank raises and keeps all of g + e, and u as it
+        was before the step."""
         if self.nonfinite == "raise" and not self.backend.all_finite(out.received):
             if picked.finite:  # nothing of the step is applied: the residual keeps all of g + e
                 bucket.residual = self._put_back(out.residual, out.sent_at, out.values)
+                self._restore_momentum(bucket)
             raise FloatingPointError(
                 f"hvd_sparse: non-finite gradient in {bucket.key!r} at step {bucket.step} on at least one "
                 "rank (raised on every rank; this step was applied nowhere and every rank keeps its "
@@ -217,15 +243,30 @@ class Engine:
                 "nonfinite='skip' to drop such a rank's contribution for the step instead")
         if picked.finite:
             bucket.residual = out.residual
+            if self._masks_momentum(bucket, method, ctx):
+                bucket.momentum = self.backend.zero_at(bucket.momentum, out.sent_at)
         keep = picked.finite and self.nonfinite == "raise"
         bucket.sent = (out.sent_at, out.values) if keep else None
 
+    def _masks_momentum(self, bucket: Bucket, method: Algorithm, ctx: StepContext) -> bool:
+        """Momentum factor masking applies to sparse steps; a dense step (everything sent) keeps
+        the velocity, which makes it plain momentum SGD, as DGC's authors' dense path does."""
+        return (ctx.momentum is not None and self.algorithm.corrections.momentum_masking
+                and method is self.algorithm and method.masks_momentum(bucket.control, ctx))
+
+    def _restore_momentum(self, bucket: Bucket) -> None:
+        if bucket.momentum_before is not None:
+            bucket.momentum, bucket.momentum_before = bucket.momentum_before, None
+
     def _observe(self, bucket: Bucket, picked: Selection, out: patterns.Exchanged,
-                 ctx: StepContext) -> None:
+                 method: Algorithm, ctx: StepContext) -> None:
         """Step 5: the controller sees what was exchanged; statistics recorded (engine/stats.py)."""
-        target_k = self.algorithm.target_k(bucket.control, ctx)
+        control = bucket.control if method is self.algorithm else None
+        target_k = method.target_k(control, ctx)
         outcome = StepOutcome(picked.selected, out.union_size, out.gathered, picked.idx, out.riders)
-        bucket.control = self.algorithm.observe(bucket.control, outcome, ctx)
+        control = method.observe(control, outcome, ctx)
+        if method is self.algorithm:
+            bucket.control = control
         bucket.step += 1
         bucket.stats = BucketStats(
             step=bucket.step, numel=bucket.numel, k=target_k, selected=picked.selected,
@@ -234,7 +275,7 @@ class Engine:
             union_size=out.union_size,
             gathered_indices=None if out.union_size is not None else out.gathered,
             nonfinite_steps=bucket.nonfinite_steps,
-            extra=self.algorithm.control_stats(bucket.control))
+            extra=self.algorithm.control_stats(control) if method is self.algorithm else {})
 
     def _reconstruct(self, bucket: Bucket, tensors: list[Any], picked: Selection,
                      out: patterns.Exchanged) -> list[Any]:
@@ -246,8 +287,23 @@ class Engine:
         return b.split_like(b.scatter(bucket.numel, out.at, out.average, like=out.residual), tensors)
 
     def _context(self, bucket: Bucket) -> StepContext:
+        corrections, density = self.algorithm.corrections, None
+        if bucket.dense or corrections.dense_steps or corrections.warmup_steps:
+            density = 1.0 if bucket.dense else corrections.density_at(self.algorithm.density, bucket.step)
+            if density == self.algorithm.density and not bucket.dense:
+                density = None   # the schedule is over: the method's own (DGC's epochs)
         return StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend,
-                           f"{self.prefix}.{bucket.key}", bucket.sizes)
+                           f"{self.prefix}.{bucket.key}", bucket.sizes, density, self._momentum(bucket))
+
+    def _momentum(self, bucket: Bucket) -> Momentum | None:
+        """The bucket's velocity for this step's accumulation, when the correction is on."""
+        corrections = self.algorithm.corrections
+        if corrections.momentum == 0.0:
+            return None
+        if bucket.momentum is None:
+            b = self.backend
+            bucket.momentum = b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
+        return Momentum(bucket.momentum, corrections.momentum, corrections.nesterov)
 
     def end_step(self, ready: dict[str, float] | None = None) -> Protocol:
         """Protocol to run once per training step, after every bucket's step has finished, on
@@ -256,7 +312,9 @@ class Engine:
         the arrival of the bucket's last one, where the driver can observe it."""
         if not self.buckets:
             return
-        buckets = self.buckets
+        buckets = self._sparse_buckets()
+        if not buckets:   # dense steps: no method has run yet
+            return
         like = next(iter(buckets.values())).residual
         ctx = StepContext(self.rank, self.size, max(bk.step for bk in buckets.values()), "",
                           sum(bk.numel for bk in buckets.values()), self.backend, self.prefix)
@@ -268,9 +326,16 @@ class Engine:
 
     def measuring(self) -> bool:
         """Whether the algorithm wants exact readiness times for the next step (see end_step)."""
-        return self.algorithm.measuring({key: bk.control for key, bk in self.buckets.items()})
+        return self.algorithm.measuring({key: bk.control for key, bk in self._sparse_buckets().items()})
 
-    def schedule(self, key: str, numel: int, dtypes: tuple[str, ...]) -> list[list[tuple[str, str, str]]]:
+    def _sparse_buckets(self) -> dict[str, Bucket]:
+        """The buckets the method has run on: not the dense ones, and none during the first
+        ``dense_steps``."""
+        dense_steps = self.algorithm.corrections.dense_steps
+        return {key: bk for key, bk in self.buckets.items() if not bk.dense and bk.step > dense_steps}
+
+    def schedule(self, key: str, numel: int, dtypes: tuple[str, ...], sizes: tuple[int, ...] | None = None
+                 ) -> list[list[tuple[str, str, str]]]:
         """The phases ``step(..., check_layout=False)`` will yield for a bucket, as
         (op, name, dtype) triples, known before any data is seen: what a graph must be built with
         in advance (TensorFlow per-tensor steps run each phase as graph ops)."""
@@ -280,7 +345,17 @@ class Engine:
                 "only with scope='model' in TensorFlow")
         if numel == 0:  # an empty bucket is returned as it is (see step)
             return []
-        return patterns.BY_NAME[self.algorithm.pattern].schedule(
+        corrections = self.algorithm.corrections
+        if sizes is not None and self._is_dense(sizes):
+            pattern = _DENSE.pattern
+        elif corrections.dense_steps:
+            raise ConfigurationError(
+                "dense_steps changes the collectives of a step after the first steps, which a "
+                "TensorFlow graph built per tensor cannot follow: use scope='model' (one bucket, "
+                "run eagerly), or warmup_steps, which keeps the collectives")
+        else:
+            pattern = self.algorithm.pattern
+        return patterns.BY_NAME[pattern].schedule(
             f"{self.prefix}.{key}", index_dtype_for(numel), value_dtype_for(dtypes))
 
     def take_back(self, keys: list[str]) -> None:
@@ -294,6 +369,7 @@ class Engine:
                 bucket.residual = self._put_back(bucket.residual, *bucket.sent)
                 bucket.sent = None
                 bucket.step -= 1
+                self._restore_momentum(bucket)
 
     def _put_back(self, residual: Any, idx: Any, values: Any) -> Any:
         """The residual with the values sent at idx added back (exact: with a lower transport
@@ -351,18 +427,23 @@ class Engine:
         bucket = Bucket(key=key, shapes=shapes, dtypes=dtypes, numel=numel,
                         residual=b.zeros(numel, residual_dtype, like=like),
                         value_dtype=value_dtype_for(dtypes), index_dtype=index_dtype_for(numel),
-                        sizes=sizes)
+                        sizes=sizes, dense=self._is_dense(sizes))
         self.buckets[key] = bucket
         if key in self._restored:
             self._restore(bucket, self._restored.pop(key), like)
         return bucket
+
+    def _is_dense(self, sizes: tuple[int, ...]) -> bool:
+        """A bucket of tensors that are all under ``dense_below`` is always averaged densely."""
+        return all(self.algorithm.corrections.is_dense_tensor(n) for n in sizes)
 
     # --- statistics and checkpoints --------------------------------------------------------------
     def stats(self) -> dict:
         """The last step, summed over buckets (see engine/stats.py for the fields)."""
         latest = [bk.stats for bk in self.buckets.values() if bk.stats is not None]
         out = summarize(latest, self.algorithm.density)
-        out.update(self.algorithm.model_stats({key: bk.control for key, bk in self.buckets.items()}))
+        controls = {key: bk.control for key, bk in self._sparse_buckets().items()}
+        out.update(self.algorithm.model_stats(controls))
         return out
 
     def state_dict(self) -> dict:
@@ -376,7 +457,8 @@ class Engine:
             "size": self.size,
             "buckets": {
                 key: {"shapes": bk.shapes, "step": bk.step, "residual": b.to_numpy(bk.residual).copy(),
-                      "control": self.algorithm.control_state(bk.control)}
+                      "momentum": None if bk.momentum is None else b.to_numpy(bk.momentum).copy(),
+                      "control": None if bk.control is None else self.algorithm.control_state(bk.control)}
                 for key, bk in self.buckets.items()
             },
         }
@@ -416,22 +498,26 @@ class Engine:
         state = self.state_dict() if state is None else state
         return {**{k: v for k, v in state.items() if k not in ("buckets", "rank")},
                 "buckets": {key: {"shapes": saved["shapes"], "step": saved["step"],
-                                  "control": self.algorithm.agreed_control(saved["control"])}
+                                  "control": None if saved["control"] is None
+                                  else self.algorithm.agreed_control(saved["control"])}
                             for key, saved in state["buckets"].items()}}
 
-    def adopt(self, agreed: dict, residuals: dict[str, np.ndarray] | None = None) -> None:
+    def adopt(self, agreed: dict, residuals: dict[str, np.ndarray] | None = None,
+              momenta: dict[str, np.ndarray | None] | None = None) -> None:
         """Continue, at this engine's rank and size, from ``agreed`` (``agreed_state`` of the rank
         every process takes it from, at any world size) and this process's own ``residuals``
         (bucket -> NumPy; None or missing: zeros). A residual stays valid at any world size: it
-        is this process's unsent gradient. World-size and rank dependent control state
+        is this process's unsent gradient; so is the momentum correction's velocity (``momenta``,
+        likewise). World-size and rank dependent control state
         (partitions, bins, neighbour layout) is rebuilt by ``Algorithm.load_control``."""
         if agreed["algorithm"] != self.algorithm.name:
             raise ConfigurationError(
                 f"state of {agreed['algorithm']!r} adopted by a compressor running "
                 f"{self.algorithm.name!r}: every rank must run the same method")
-        own = residuals or {}
+        own, velocities = residuals or {}, momenta or {}
         self._restored_size = agreed["size"]
-        self._restored = {key: {**saved, "residual": own.get(key), "own_residual": True}
+        self._restored = {key: {**saved, "residual": own.get(key), "momentum": velocities.get(key),
+                                "own_residual": True}
                           for key, saved in agreed["buckets"].items()}
         for key in list(self._restored):
             if key in self.buckets:
@@ -445,9 +531,17 @@ class Engine:
                 f"{bucket.shapes}")
         bucket.step = int(saved["step"])
         same_world = self._restored_size == self.size
-        if saved["residual"] is not None and (same_world or saved.get("own_residual")):
-            residual = saved["residual"].astype(self.backend.dtype_name(bucket.residual))
-            bucket.residual = self.backend.from_numpy(residual, like=like)
+        if same_world or saved.get("own_residual"):   # per process: kept, else restarted
+            dtype = self.backend.dtype_name(bucket.residual)
+            if saved["residual"] is not None:
+                bucket.residual = self.backend.from_numpy(saved["residual"].astype(dtype), like=like)
+            # Checkpoints taken before the engine kept DGC's velocity hold it in DGC's control.
+            momentum = saved.get("momentum", (saved["control"] or {}).get("momentum")
+                                 if isinstance(saved["control"], dict) else None)
+            if momentum is not None:
+                bucket.momentum = self.backend.from_numpy(np.asarray(momentum).astype(dtype), like=like)
+        if saved["control"] is None:   # saved during the dense steps, or a dense bucket
+            return
         ctx = self._context(bucket)
         with warnings.catch_warnings():
             if saved.get("own_residual"):   # an elastic reset: "rebuilt for N ranks" is expected

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import MODEL, SHARED, Algorithm, StepContext
+from ..algorithms import Algorithm
+from ..algorithms.dense import DENSE, DenseAverage
 from ..backends import get_backend
 from ..comm.local import LocalGroup
 from ..engine import Engine
@@ -32,7 +33,6 @@ from ..registry import available, create
 from ..renamed import warn_renamed
 from .tasks import TASKS
 
-DENSE = "dense"
 SCHEDULES = ("constant", "cosine")
 
 # One record per step. Scalars describe the step as every rank sees it (rank 0's statistics);
@@ -58,22 +58,6 @@ RECORD_FIELDS = (
     "residual_norm",   # per rank: ||residual|| after the step
     "seconds",         # wall time of the simulated step (all ranks' gradients and engines)
 )
-
-
-class DenseAverage(Algorithm):
-    """The plain average as a pseudo-method: every entry allreduced (shared pattern), so the
-    residual stays zero and the result is Σ gradients / N. Not a compressor: the simulator's
-    baseline on the same code path as the sparsifiers."""
-
-    name = DENSE
-    patterns = (SHARED,)
-    scopes = (MODEL,)
-
-    def __init__(self, density: float = 1.0):
-        super().__init__(1.0)
-
-    def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
-        return ctx.backend.arange(0, ctx.numel, like=acc)
 
 
 def methods() -> list[str]:

@@ -207,8 +207,8 @@ class SparseCompressor(FaceBase, Compressor):
     def _phased_graph(self, key: str, tensors: list) -> list:
         """The bucket's step as py_function phases joined by Horovod graph collectives."""
         engine, comm = self._engine, self._comm
-        schedule = engine.schedule(key, sum(t.shape.num_elements() for t in tensors),
-                                   tuple(t.dtype.name for t in tensors))
+        sizes = tuple(t.shape.num_elements() for t in tensors)
+        schedule = engine.schedule(key, sum(sizes), tuple(t.dtype.name for t in tensors), sizes)
         inputs = list(tensors)
         for position, phase in enumerate(schedule):
             requests = tf.py_function(functools.partial(self._advance, key, position, phase), inputs,

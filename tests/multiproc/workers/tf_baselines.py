@@ -190,7 +190,7 @@ def check_dgc(density, momentum, warmup_epochs, steps_per_epoch):
     from tests.reference.dgc import dgc_density
 
     def check(step, raw, applied, old, new, label):
-        u = np.zeros_like(raw) if old is None else old["control"]["momentum"]
+        u = np.zeros_like(raw) if old is None else old["momentum"]
         v = np.zeros_like(raw) if old is None else old["residual"]
         u = u * np.float32(momentum) + raw
         accs, residuals = gathered(label, v + u, new)
@@ -199,7 +199,7 @@ def check_dgc(density, momentum, warmup_epochs, steps_per_epoch):
         assert all(1 <= s.size <= k for s in sent), (label, [s.size for s in sent], k)
         check_step(hvd.rank(), accs, residuals, applied, sent, "gather", label, exact=False)
         u[sent[hvd.rank()]] = 0
-        np.testing.assert_allclose(new["control"]["momentum"], u, rtol=1e-5, atol=1e-7,
+        np.testing.assert_allclose(new["momentum"], u, rtol=1e-5, atol=1e-7,
                                    err_msg=f"{label}: momentum buffer differs (correction or masking)")
     return check
 

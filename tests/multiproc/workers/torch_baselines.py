@@ -147,8 +147,8 @@ def check_dgc(density: float, momentum: float, clip_norm: float, warmup_epochs: 
     from tests.reference.dgc import dgc_density
 
     def check(step, key, raw, applied, old, new, label):
-        u = np.zeros_like(raw) if old is None or old["control"]["momentum"] is None \
-            else old["control"]["momentum"]
+        u = np.zeros_like(raw) if old is None or old["momentum"] is None \
+            else old["momentum"]
         v = np.zeros_like(raw) if old is None else old["residual"]
         limit = clip_norm / math.sqrt(hvd.size())
         coefficient = limit / (float(np.linalg.norm(raw.astype(np.float64))) + 1e-6)
@@ -160,7 +160,7 @@ def check_dgc(density: float, momentum: float, clip_norm: float, warmup_epochs: 
         assert all(1 <= s.size <= min(k, raw.size) for s in sent), (label, [s.size for s in sent], k)
         check_step(hvd.rank(), accs, residuals, applied, sent, "gather", label, exact=False)
         u[sent[hvd.rank()]] = 0
-        np.testing.assert_allclose(new["control"]["momentum"], u, rtol=1e-5, atol=1e-7,
+        np.testing.assert_allclose(new["momentum"], u, rtol=1e-5, atol=1e-7,
                                    err_msg=f"{label}: momentum buffer differs (correction or masking)")
         assert new["control"]["k"] == k, (label, new["control"]["k"], k)
     return check

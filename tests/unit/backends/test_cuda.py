@@ -108,7 +108,7 @@ def test_iterative_methods_keep_exact_error_feedback_on_the_gpu(make):
                     torch.testing.assert_close(torch.where(sent, acc, residual), acc, rtol=0, atol=0)
                     assert 0 < int(sent.sum()) <= acc.numel()
                 else:  # DGC: v = v_old + u (+ g with Nesterov); u and v cleared where sent
-                    u = engine.buckets[key].control.momentum
+                    u = engine.buckets[key].momentum
                     assert u.is_cuda
                     old = before[r] if before[r] is not None else torch.zeros_like(residual)
                     velocity = old + u + (flat[r] if algorithm.nesterov else 0)
@@ -125,7 +125,7 @@ def test_iterative_methods_keep_exact_error_feedback_on_the_gpu(make):
         c = group.run([e.step("t0", tensors[r]) for r, e in enumerate(resumed)])
         for x, y in zip(a, c, strict=True):
             torch.testing.assert_close(x[0], y[0], rtol=0, atol=0)
-        assert resumed[0].buckets["t0"].control.momentum.is_cuda
+        assert resumed[0].buckets["t0"].momentum.is_cuda
 
 
 def test_gpu_scatter_is_bitwise_reproducible():

@@ -1,0 +1,303 @@
+"""The corrections every method shares (algorithms/corrections.py), applied by the engine:
+momentum correction with factor masking, dense steps, density warm-up, dense small tensors.
+
+Every check runs every registered method on N simulated ranks (NumPy backend) and compares with
+what the corrections' definitions say, computed here from each rank's own vectors."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+
+import numpy as np
+import pytest
+
+from hvd_sparse import ConfigurationError
+from hvd_sparse.algorithms import DGC, METHODS, ExDyna, TopK
+from hvd_sparse.algorithms.base import DENSE_BUCKET
+from hvd_sparse.algorithms.corrections import Corrections, warmup_density
+from hvd_sparse.backends import get_backend
+from hvd_sparse.comm.local import LocalGroup
+from hvd_sparse.engine import Engine
+
+NP = get_backend("numpy")
+SHAPES = [(40, 30), (30,), (20, 25), (25,)]
+SIZES = [int(np.prod(s)) for s in SHAPES]
+NUMEL = sum(SIZES)
+# Options that make each method run on a small model (N <= 4 ranks).
+OPTIONS = {"exdyna": {"num_blocks": 32}, "lags": {"merge_threshold": 0}}
+
+
+def method(name: str, density: float = 0.05, **corrections):
+    options = {**OPTIONS.get(name, {}), **corrections}
+    return next(cls for cls in METHODS if cls.name == name)(density, **options)
+
+
+def grads_for(rng, size, step):
+    scale = 1.0 + 0.1 * step
+    return [[(rng.standard_t(3, s) * scale).astype(np.float32) for s in SHAPES] for _ in range(size)]
+
+
+def run(algorithm, size, steps, seed=0, check=None, nonfinite="skip"):
+    """``steps`` steps of ``algorithm`` on ``size`` ranks, one bucket per ``plan``; calls
+    ``check(step, engines, before, grads, outputs)`` after each step, where ``before`` holds each
+    rank's (residual, momentum) per bucket before the step."""
+    rng = np.random.default_rng(seed)
+    engines = [Engine(copy.deepcopy(algorithm), NP, r, size, nonfinite=nonfinite) for r in range(size)]
+    group = LocalGroup(size, NP)
+    keys = [f"p{i}" for i in range(len(SHAPES))]
+    plan = algorithm.plan(keys, SIZES)
+    for step in range(steps):
+        grads = grads_for(rng, size, step)
+        outputs = {}
+        before = [{bk: (_copy(e, bk, "residual"), _copy(e, bk, "momentum")) for bk, _ in plan}
+                  for e in engines]
+        for bucket, members in plan:
+            tensors = [[grads[r][keys.index(m)].copy() for m in members] for r in range(size)]
+            outs = group.run([e.step(bucket, tensors[r]) for r, e in enumerate(engines)])
+            outputs[bucket] = (members, [[t.copy() for t in tensors[r]] for r in range(size)], outs)
+        group.run([e.end_step(None) for e in engines])
+        if check is not None:
+            check(step, engines, before, outputs)
+    return engines
+
+
+def _copy(engine, key, field):
+    bucket = engine.buckets.get(key)
+    value = None if bucket is None else getattr(bucket, field)
+    return None if value is None else value.copy()
+
+
+def flat(tensors):
+    return np.concatenate([t.reshape(-1) for t in tensors]).astype(np.float32)
+
+
+# --- momentum correction ------------------------------------------------------------------------------
+@pytest.mark.parametrize("name", [cls.name for cls in METHODS])
+@pytest.mark.parametrize("nesterov", [False, True])
+def test_momentum_correction_is_exact_for_every_method(name, nesterov):
+    """Per rank and bucket: u' = mu*u + g (Nesterov mu*(u + g)); the accumulated vector is e + u'
+    (Nesterov (e + u') + g); what left is exactly that vector where the residual was cleared, and
+    u' is cleared there too (factor masking); the average is the sum of what left over N."""
+    mu, size = 0.9, 3
+    algorithm = method(name, momentum=mu, nesterov=nesterov)
+
+    def check(step, engines, before, outputs):
+        for bucket, (_, tensors, outs) in outputs.items():
+            total = np.zeros(sum(t.size for t in tensors[0]), np.float32)
+            for r, e in enumerate(engines):
+                e_old, u_old = before[r][bucket]
+                g = flat(tensors[r])
+                e_old = np.zeros_like(g) if e_old is None else e_old
+                u_old = np.zeros_like(g) if u_old is None else u_old
+                if nesterov:
+                    u_new = np.float32(mu) * (u_old + g)
+                    acc = (e_old + u_new) + g
+                else:
+                    u_new = np.float32(mu) * u_old + g
+                    acc = e_old + u_new
+                residual, u = e.buckets[bucket].residual, e.buckets[bucket].momentum
+                sent = residual != acc
+                np.testing.assert_array_equal(residual[sent], 0)
+                assert sent.any()
+                # DGC's authors keep the momentum where a bucket is sent whole (k = n)
+                masked = name != "dgc" or e.buckets[bucket].control.k < residual.size
+                np.testing.assert_array_equal(u, np.where(sent, 0, u_new) if masked else u_new)
+                total += np.where(sent, acc, 0)
+            average = flat(outs[0])
+            np.testing.assert_allclose(average, total / size, rtol=1e-6, atol=1e-6)
+            for other in outs[1:]:
+                np.testing.assert_array_equal(flat(other), average)
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run(algorithm, size, 4, check=check)
+
+
+def test_momentum_off_leaves_no_buffer():
+    engines = run(method("exdyna"), 2, 2)
+    assert all(bk.momentum is None for e in engines for bk in e.buckets.values())
+
+
+def test_nonfinite_skip_keeps_residual_and_momentum_bit_for_bit():
+    algorithm = method("exdyna", momentum=0.9)
+    rng = np.random.default_rng(3)
+    engines = [Engine(copy.deepcopy(algorithm), NP, r, 2) for r in range(2)]
+    group = LocalGroup(2, NP)
+    for step in range(3):
+        grads = grads_for(rng, 2, step)
+        if step == 2:
+            grads[1][0][3, 4] = np.nan
+            bucket = engines[1].buckets["model"]
+            kept = bucket.residual.copy(), bucket.momentum.copy()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            group.run([e.step("model", grads[r]) for r, e in enumerate(engines)])
+    np.testing.assert_array_equal(engines[1].buckets["model"].residual, kept[0])
+    np.testing.assert_array_equal(engines[1].buckets["model"].momentum, kept[1])
+
+
+def test_nonfinite_raise_restores_the_momentum_on_every_rank():
+    algorithm = method("topk", momentum=0.9, scope="model")
+    rng = np.random.default_rng(4)
+    engines = [Engine(copy.deepcopy(algorithm), NP, r, 2, nonfinite="raise") for r in range(2)]
+    group = LocalGroup(2, NP)
+    group.run([e.step("model", grads_for(rng, 2, 0)[r]) for r, e in enumerate(engines)])
+    kept = [(e.buckets["model"].residual.copy(), e.buckets["model"].momentum.copy()) for e in engines]
+    grads = grads_for(rng, 2, 1)
+    grads[0][2][0, 0] = np.inf
+    with pytest.raises(FloatingPointError):
+        group.run([e.step("model", grads[r]) for r, e in enumerate(engines)])
+    for e, (_, momentum) in zip(engines, kept, strict=True):
+        np.testing.assert_array_equal(e.buckets["model"].momentum, momentum)
+        assert e.buckets["model"].step == 1
+
+
+# --- dense steps and warm-up ---------------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["exdyna", "micro", "deft", "lags", "topk", "dgc", "gaussiank"])
+def test_dense_steps_average_exactly_then_sparsify(name):
+    size, dense = 2, 3
+
+    def check(step, engines, before, outputs):
+        for bucket, (_, tensors, outs) in outputs.items():
+            mean = sum(flat(tensors[r]) for r in range(size)) / np.float32(size)
+            stats = engines[0].stats()
+            if step < dense:
+                if name != "dgc":   # DGC's momentum 0.9 is on: the mean of the velocities
+                    np.testing.assert_allclose(flat(outs[0]), mean, rtol=1e-6, atol=1e-6)
+                    assert not np.any(engines[0].buckets[bucket].residual)
+                assert stats["density_actual"] == 1.0
+                assert engines[0].buckets[bucket].control is None   # the method has not run
+            else:
+                assert stats["k"] < stats["numel"] / 2
+
+    run(method(name, dense_steps=dense), size, dense + 2, check=check)
+
+
+def test_warmup_density_follows_dgcs_schedule():
+    rho, warmup, dense = 0.01, 4, 2
+    c = Corrections(dense_steps=dense, warmup_steps=warmup)
+    got = [c.density_at(rho, s) for s in range(dense + warmup + 2)]
+    expected = [1.0, 1.0] + [max(rho ** ((t + 1) / (warmup + 1)), rho) for t in range(warmup)]
+    expected += [rho, rho]
+    assert got == pytest.approx(expected)
+    assert warmup_density(0.001, 4, 0) == pytest.approx(0.001 ** 0.2)
+
+
+@pytest.mark.parametrize("name", ["topk", "exdyna", "deft", "lags", "gaussiank", "randomk", "dgc"])
+def test_every_method_follows_the_warmup_target(name):
+    warmup, rho = 3, 0.02
+    seen = []
+
+    def check(step, engines, before, outputs):
+        stats = engines[0].stats()
+        seen.append((stats["k"], stats["selected"]))
+
+    run(method(name, rho, warmup_steps=warmup), 2, warmup + 2, check=check)
+    ks = [k for k, _ in seen]
+    assert ks[0] > ks[1] > ks[2] > ks[3], ks
+    assert ks[3] == ks[4]
+
+
+# --- dense small tensors ------------------------------------------------------------------------------
+def test_plan_takes_small_tensors_out():
+    keys = [f"p{i}" for i in range(4)]
+    assert ExDyna(0.01, dense_below=100).plan(keys, SIZES) == [("model", ["p0", "p2"]),
+                                                               (DENSE_BUCKET, ["p1", "p3"])]
+    assert TopK(0.01, dense_below=100).plan(keys, SIZES) == [(k, [k]) for k in keys]
+    assert ExDyna(0.01).plan(keys, SIZES) == [("model", keys)]
+
+
+@pytest.mark.parametrize("name", ["exdyna", "micro", "deft", "lags", "topk", "dgc"])
+def test_small_tensors_are_averaged_densely_and_counted(name):
+    size = 2
+
+    def check(step, engines, before, outputs):
+        dense_entries = 0
+        for bucket, (members, tensors, outs) in outputs.items():
+            if all(SIZES[int(m[1:])] < 100 for m in members):
+                dense_entries += sum(t.size for t in tensors[0])
+                mean = sum(flat(tensors[r]) for r in range(size)) / np.float32(size)
+                if name != "dgc":
+                    np.testing.assert_allclose(flat(outs[0]), mean, rtol=1e-6, atol=1e-6)
+                assert engines[0].buckets[bucket].dense
+        assert dense_entries == SIZES[1] + SIZES[3]
+        stats = engines[0].stats()
+        assert stats["union"] >= dense_entries
+        assert stats["numel"] == NUMEL
+
+    run(method(name, dense_below=100), size, 3, check=check)
+
+
+# --- checkpoints ------------------------------------------------------------------------------
+def test_momentum_is_checkpointed_per_rank_and_reset_at_another_world_size():
+    algorithm = method("exdyna", momentum=0.9, warmup_steps=2)
+    engines = run(algorithm, 2, 3)
+    states = [e.state_dict() for e in engines]
+    resumed = [Engine(copy.deepcopy(algorithm), NP, r, 2) for r in range(2)]
+    for e, state in zip(resumed, states, strict=True):
+        e.load_state_dict(state)
+    rng = np.random.default_rng(9)
+    grads = grads_for(rng, 2, 3)
+    group = LocalGroup(2, NP)
+    a = group.run([e.step("model", [g.copy() for g in grads[r]]) for r, e in enumerate(engines)])
+    b = group.run([e.step("model", [g.copy() for g in grads[r]]) for r, e in enumerate(resumed)])
+    for x, y in zip(a, b, strict=True):
+        for s, t in zip(x, y, strict=True):
+            np.testing.assert_array_equal(s, t)
+    bigger = Engine(copy.deepcopy(algorithm), NP, 0, 3)
+    with pytest.warns(UserWarning, match="residuals are reset"):
+        bigger.load_state_dict(states[0])
+    bigger._bucket("model", [np.zeros(s, np.float32) for s in SHAPES])
+    momentum = bigger.buckets["model"].momentum       # per rank: restarts, like the residual
+    assert momentum is None or not np.any(momentum)
+    assert not np.any(bigger.buckets["model"].residual)
+    assert bigger.buckets["model"].step == 3
+
+
+def test_dgc_checkpoints_from_before_keep_their_momentum():
+    """A DGC checkpoint whose control state held the velocity (before the engine kept it)."""
+    algorithm = DGC(0.1, scope="model")
+    engines = run(algorithm, 2, 2)
+    state = engines[0].state_dict()
+    saved = state["buckets"]["model"]
+    saved["control"] = {**saved["control"], "momentum": saved.pop("momentum"), "accumulated_step": 1}
+    fresh = Engine(copy.deepcopy(algorithm), NP, 0, 2)
+    fresh.load_state_dict(state)
+    fresh._bucket("model", [np.zeros(s, np.float32) for s in SHAPES])
+    np.testing.assert_array_equal(fresh.buckets["model"].momentum, engines[0].buckets["model"].momentum)
+
+
+# --- bad input ------------------------------------------------------------------------------
+@pytest.mark.parametrize("options, message", [
+    ({"momentum": 1.0}, "momentum must be a number in"),
+    ({"momentum": -0.1}, "momentum must be a number in"),
+    ({"momentum": "0.9"}, "momentum must be a number in"),
+    ({"nesterov": True}, "nesterov=True needs momentum"),
+    ({"momentum": 0.9, "nesterov": 1}, "nesterov must be True or False"),
+    ({"dense_steps": -1}, "dense_steps must be a non-negative integer"),
+    ({"warmup_steps": 2.5}, "warmup_steps must be a non-negative integer"),
+    ({"dense_below": -3}, "dense_below must be a non-negative integer"),
+    ({"dense_below": True}, "dense_below must be a non-negative integer"),
+])
+@pytest.mark.parametrize("name", ["exdyna", "deft", "lags", "topk"])
+def test_bad_corrections_fail_at_construction(name, options, message):
+    with pytest.raises(ConfigurationError, match=message):
+        method(name, **options)
+
+
+def test_dgc_takes_one_warmup_form():
+    with pytest.raises(ConfigurationError, match=r"warmup_epochs .* or warmup_steps"):
+        DGC(0.01, warmup_epochs=2, warmup_steps=100)
+
+
+def test_unknown_keyword_still_fails():
+    with pytest.raises(TypeError, match="unexpected keyword"):
+        TopK(0.01, momentun=0.9)
+
+
+def test_corrections_are_part_of_the_configuration():
+    assert ExDyna(0.01, momentum=0.9).describe()["momentum"] == 0.9
+    assert "momentum" not in ExDyna(0.01).describe()
+    assert DGC(0.01).describe()["momentum"] == 0.9
+    assert "dense_below=64" in repr(TopK(0.01, dense_below=64))
