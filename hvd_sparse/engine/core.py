@@ -441,7 +441,10 @@ class Engine:
     def stats(self) -> dict:
         """The last step, summed over buckets (see engine/stats.py for the fields)."""
         latest = [bk.stats for bk in self.buckets.values() if bk.stats is not None]
-        out = summarize(latest, self.algorithm.density)
+        last = max((bk.step for bk in self.buckets.values()), default=1) - 1
+        # the last step's target: during dense steps and a warm-up, the schedule's
+        target = self.algorithm.corrections.density_at(self.algorithm.density, max(last, 0))
+        out = summarize(latest, target)
         controls = {key: bk.control for key, bk in self._sparse_buckets().items()}
         out.update(self.algorithm.model_stats(controls))
         return out
