@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from hvd_sparse.algorithms import ExDyna, TopK
+from hvd_sparse.algorithms import DEFT, ExDyna, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
@@ -68,9 +68,13 @@ def test_bulk_ops_match_numpy(backend):
     assert [tuple(b.shape) for b in back] == [(2, 3), (6,)]
 
 
-@pytest.mark.parametrize("make", [lambda: TopK(0.1, pattern="union", scope="model"),
-                                  lambda: ExDyna(0.1, threshold_scaling="tracking", threshold_start="local")],
-                         ids=["topk", "exdyna-local-start"])
+@pytest.mark.parametrize("make", [
+    lambda: TopK(0.1, pattern="union", scope="model"),
+    lambda: ExDyna(0.1, threshold_scaling="tracking", threshold_start="local"),
+    lambda: ExDyna(0.1, threshold_scaling="tracking", momentum=0.9, warmup_steps=2),
+    lambda: TopK(0.1, scope="model", momentum=0.8, nesterov=True, dense_steps=1),
+    lambda: DEFT(0.1, momentum=0.9),
+], ids=["topk", "exdyna-local-start", "exdyna-momentum-warmup", "topk-nesterov-dense-step", "deft-momentum"])
 def test_engine_is_identical_on_every_backend(backend, make):
     rng = np.random.default_rng(1)
     batches = [[[rng.standard_normal((6, 5)).astype(np.float32), rng.standard_normal(7).astype(np.float32)]
