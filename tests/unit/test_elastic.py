@@ -28,6 +28,8 @@ METHODS = [
     ExDyna(0.05, threshold_scaling="tracking"), MiCRO(0.05), DEFT(0.05), DEFT(0.05, agreed_k=True),
     LAGS(0.05, merge_threshold=0), TopK(0.05), TopK(0.05, pattern="union", scope="model"),
     RandomK(0.05), Threshold(0.05), DGC(0.05),
+    ExDyna(0.05, threshold_scaling="tracking", momentum=0.9, warmup_steps=4),   # the corrections
+    LAGS(0.05, merge_threshold=0, momentum=0.9, nesterov=True, dense_below=400, dense_steps=2),
 ]
 
 
@@ -67,7 +69,7 @@ def run_step(engines, grads, algorithm, check_exact=True):
         flat = [np.concatenate([np.ravel(t) for t in out]) for out in outputs]
         for r in range(1, size):
             np.testing.assert_array_equal(flat[r], flat[0])   # every rank applies the same update
-        if check_exact:   # DGC transforms the gradient first (momentum): acc != residual + grad
+        if check_exact:   # with momentum (DGC's, or the correction) acc != residual + grad
             sent = [before[r] + np.concatenate(tensors[r]) - e.buckets[bucket].residual
                     for r, e in enumerate(engines)]
             np.testing.assert_allclose(flat[0], sum(sent) / size, rtol=1e-5, atol=1e-7)
@@ -87,7 +89,7 @@ def run_step(engines, grads, algorithm, check_exact=True):
 
 def train(engines, algorithm, rng, steps):
     for _ in range(steps):
-        run_step(engines, gradients(rng, len(engines)), algorithm, not isinstance(algorithm, DGC))
+        run_step(engines, gradients(rng, len(engines)), algorithm, algorithm.corrections.momentum == 0)
 
 
 @pytest.mark.parametrize("algorithm", METHODS, ids=repr)

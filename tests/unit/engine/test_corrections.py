@@ -301,3 +301,17 @@ def test_corrections_are_part_of_the_configuration():
     assert "momentum" not in ExDyna(0.01).describe()
     assert DGC(0.01).describe()["momentum"] == 0.9
     assert "dense_below=64" in repr(TopK(0.01, dense_below=64))
+
+
+def test_an_elastic_reset_keeps_each_processs_own_momentum():
+    algorithm = method("exdyna", momentum=0.9)
+    old = run(algorithm, 3, 3)
+    agreed = old[0].agreed_state()
+    assert all("momentum" not in saved for saved in agreed["buckets"].values())
+    survivor = old[2]
+    new = Engine(copy.deepcopy(algorithm), NP, 0, 2)
+    new.adopt(agreed, {"model": survivor.buckets["model"].residual.copy()},
+              {"model": survivor.buckets["model"].momentum.copy()})
+    new._bucket("model", [np.zeros(s, np.float32) for s in SHAPES])
+    np.testing.assert_array_equal(new.buckets["model"].momentum, survivor.buckets["model"].momentum)
+    np.testing.assert_array_equal(new.buckets["model"].residual, survivor.buckets["model"].residual)
