@@ -191,10 +191,10 @@ class _TFBoard:
 
 
 def open_tensorboard(logdir: str, framework: str) -> Any:
-    """A TensorBoard scalar writer for ``framework`` ("torch" or "tensorflow"), or None with a
-    warning when the framework's TensorBoard support is not installed."""
+    """A TensorBoard scalar writer for ``framework`` ("torch", "ddp" or "tensorflow"), or None
+    with a warning when the framework's TensorBoard support is not installed."""
     try:
-        return _TorchBoard(logdir) if framework == "torch" else _TFBoard(logdir)
+        return _TorchBoard(logdir) if framework in ("torch", "ddp") else _TFBoard(logdir)
     except ImportError as missing:
         warnings.warn(f"hvd_sparse: TensorBoard is not available ({missing}); statistics go to "
                       "stdout and the JSON-lines file only (pip install tensorboard)", stacklevel=3)

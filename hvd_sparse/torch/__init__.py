@@ -1,4 +1,5 @@
-"""PyTorch face: ``compression=`` objects for stock ``horovod.torch.DistributedOptimizer``.
+"""PyTorch faces: ``compression=`` objects for stock ``horovod.torch.DistributedOptimizer``, and
+DistributedDataParallel communication hooks (``hvd_sparse.torch.ddp``, which needs no Horovod).
 
     import horovod.torch as hvd
     import hvd_sparse.torch as hs
@@ -10,13 +11,33 @@ Elastic Horovod: ``hvd.elastic.TorchState(model=model, optimizer=opt, compressio
 """
 
 from ..faces import face_classes
-from .compressor import SparseCompressor
-from .elastic import register as _register_elastic_handler
+from ..registry import METHODS
 
-_register_elastic_handler()   # hvd.elastic.TorchState(..., compression=compression): torch/elastic.py
+try:
+    from .compressor import SparseCompressor  # imports horovod.torch
+except ImportError as missing:   # no (working) Horovod: the DDP face works without it
+    _HOROVOD_MISSING: ImportError | None = missing
+    FACES: dict[str, type] = {}
+else:
+    from .elastic import register as _register_elastic_handler
 
-# One face class per registered method (TopK, ExDyna, ...), made in hvd_sparse/faces.py.
-FACES = face_classes(SparseCompressor, __name__)
-globals().update(FACES)
+    _HOROVOD_MISSING = None
+    _register_elastic_handler()   # hvd.elastic.TorchState(..., compression=compression): torch/elastic.py
+    # One face class per registered method (TopK, ExDyna, ...), made in hvd_sparse/faces.py.
+    FACES = face_classes(SparseCompressor, __name__)
+    globals().update(FACES)
 
-__all__ = ["SparseCompressor", *sorted(FACES)]
+_HOROVOD_NAMES = {"SparseCompressor", *(cls.__name__ for cls in METHODS.values())}
+
+
+def __getattr__(name: str):
+    """Without Horovod, the Horovod face's names raise an ImportError that says so."""
+    if name in _HOROVOD_NAMES and _HOROVOD_MISSING is not None:
+        raise ImportError(
+            f"hvd_sparse.torch.{name} is the Horovod face and needs horovod.torch, which did not "
+            f"import ({_HOROVOD_MISSING}): install Horovod (make install), or use the DDP face, "
+            f"hvd_sparse.torch.ddp.{name}") from _HOROVOD_MISSING
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+__all__ = ["SparseCompressor", *sorted(FACES)] if _HOROVOD_MISSING is None else []
