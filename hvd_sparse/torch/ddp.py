@@ -357,11 +357,14 @@ def _unwrap(future: torch.futures.Future) -> torch.Tensor:
 
 
 def _for_ddp(error: Exception) -> Exception:
-    """A non-finite step's error, with what to do under DDP."""
+    """A non-finite step's error, with what to do under DDP instead of under Horovod."""
     if isinstance(error, FloatingPointError):
+        what = str(error).split(" In PyTorch training can go on")[0]
         return FloatingPointError(
-            f"{error}\nUnder DDP it reaches loss.backward() as a RuntimeError: catch it there, call "
-            "optimizer.zero_grad() and skip optimizer.step() (no rank applies this step)")
+            f"{what} Under DDP this reaches loss.backward() on every rank as a RuntimeError; "
+            "training can go on: catch it there, call optimizer.zero_grad() and skip "
+            "optimizer.step() (no rank applies this step). Or pass nonfinite='skip' to drop such "
+            "a rank's contribution for the step instead")
     return error
 
 

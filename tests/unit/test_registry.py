@@ -49,7 +49,8 @@ def test_unknown_names_are_refused_listing_the_choices():
     choices = ", ".join(registry.available())
     with pytest.raises(ConfigurationError, match=re.escape(f"unknown method 'top-k'; available: {choices}")):
         registry.create("top-k")
-    with pytest.raises(ConfigurationError, match="unknown framework 'jax': use 'torch', 'tensorflow' or 'ddp'"):
+    with pytest.raises(ConfigurationError,
+                       match="unknown framework 'jax': use 'torch', 'tensorflow' or 'ddp'"):
         registry.create("topk", framework="jax")
 
 
