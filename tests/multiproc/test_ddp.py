@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pytest
 
-from tests.multiproc.launch import assert_passed
+from tests.multiproc.launch import REPO, assert_passed
 from tests.multiproc.torchrun import torchrun
 
 pytestmark = pytest.mark.multiproc
@@ -54,3 +54,11 @@ def test_ddp_baselines_refusals_and_a_resume_at_another_world_size(size, resume_
     resumed = torchrun("ddp_baselines.py", resume_size, [str(tmp_path), "resume"], timeout=200)
     assert assert_passed(resumed, resume_size).count("CHECKED ddp/exdyna/resumed ") == resume_size
     assert "resuming at" in resumed.stderr   # the world-size change is announced
+
+
+@pytest.mark.timeout(200)
+def test_the_digits_example_learns_under_torchrun():
+    result = torchrun(str(REPO / "examples" / "digits_ddp.py"), 2,
+                      ["--method", "exdyna", "--epochs", "4", "--min-accuracy", "0.5"], timeout=180)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
+    assert "done: weights identical on all 2 ranks" in result.stdout

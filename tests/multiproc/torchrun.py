@@ -20,8 +20,9 @@ def free_port() -> int:
 
 def torchrun(worker: str, size: int, args: list[str] | None = None, nnodes: int = 1,
              timeout: float = 240) -> subprocess.CompletedProcess:
-    """Run ``workers/<worker>`` on ``size`` ranks: ``nnodes`` torchrun agents of size // nnodes
-    processes each. Returns the agents' outputs joined, and the worst exit code."""
+    """Run ``workers/<worker>`` (or a script by absolute path) on ``size`` ranks: ``nnodes``
+    torchrun agents of size // nnodes processes each. Returns the agents' outputs joined, and the
+    worst exit code."""
     script = [str(WORKERS / worker), *(args or [])]
     per_node = size // nnodes
     if nnodes == 1:

@@ -35,9 +35,8 @@ def make_model(seed: int = 0) -> torch.nn.Module:
 
 
 def train(model: torch.nn.Module, state, steps: int, *, bucket_cap_mb: float = 25, seed: int = 1,
-          find_unused_parameters: bool = False, check=None) -> DistributedDataParallel:
-    wrapped = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb,
-                                      find_unused_parameters=find_unused_parameters)
+          check=None, **ddp_options) -> DistributedDataParallel:
+    wrapped = DistributedDataParallel(model, bucket_cap_mb=bucket_cap_mb, **ddp_options)
     wrapped.register_comm_hook(state, ddp.hook)
     optimizer = torch.optim.SGD(wrapped.parameters(), lr=0.1)
     generator = torch.Generator().manual_seed(seed)
@@ -95,7 +94,9 @@ def test_per_tensor_topk_applies_the_selection_and_keeps_the_rest_exactly():
     assert all(0 <= issued <= done for issued, done in timeline.values())
 
 
-def test_whole_model_methods_run_once_per_step_on_the_model_in_parameter_order():
+@pytest.mark.parametrize("ddp_options", [{"find_unused_parameters": True}, {"gradient_as_bucket_view": True},
+                                         {"static_graph": True}])
+def test_whole_model_methods_run_once_per_step_on_the_model_in_parameter_order(ddp_options):
     model = make_model()
     state = ddp.ExDyna(density=0.1)   # no names: p0, p1, ... in parameter order
     sizes = [p.numel() for p in model.parameters()]
@@ -108,8 +109,28 @@ def test_whole_model_methods_run_once_per_step_on_the_model_in_parameter_order()
         np.testing.assert_array_equal(np.where(sent != 0, sent, new["model"]["residual"]), acc)
         assert sum(sizes) == acc.size
 
-    train(model, state, 5, bucket_cap_mb=0.001, find_unused_parameters=True, check=check)
+    train(model, state, 5, bucket_cap_mb=0.001, check=check, **ddp_options)
     assert state.stats()["step"] == 5 and state.stats()["own_partition"] == [0, sum(sizes)]
+    assert list(state.state_dict()["buckets"]) == ["model"]
+    assert len(state._key_of) == 4 and sorted(state._key_of.values()) == ["p0", "p1", "p2", "p3"]
+
+
+def test_gradients_accumulated_under_no_sync_are_sparsified_once_per_synchronized_step():
+    model = make_model()
+    state = ddp.TopK(density=0.1, scope="model", named_parameters=model.named_parameters())
+    wrapped = DistributedDataParallel(model)
+    wrapped.register_comm_hook(state, ddp.hook)
+    x = torch.randn(4, 16)
+    with wrapped.no_sync():
+        wrapped(x).sum().backward()
+    wrapped(x).sum().backward()
+    assert state.stats()["step"] == 1
+    residual = state.state_dict()["buckets"]["model"]["residual"]
+    applied = torch.cat([p.grad.reshape(-1) for p in model.parameters()]).numpy()
+    single = DistributedDataParallel(make_model())   # the same gradient from one pass, twice
+    single(x).sum().backward()
+    twice = 2 * torch.cat([p.grad.reshape(-1) for p in single.module.parameters()]).numpy()
+    np.testing.assert_allclose(residual + applied, twice, rtol=1e-6, atol=1e-7)
 
 
 def test_a_checkpoint_resumes_with_identical_decisions():
