@@ -1,6 +1,7 @@
 """hvd_sparse: gradient sparsification for Horovod, for PyTorch and TensorFlow.
 
-Framework faces: ``hvd_sparse.torch`` and ``hvd_sparse.tensorflow`` (each imports Horovod).
+Framework faces: ``hvd_sparse.torch`` and ``hvd_sparse.tensorflow`` (each imports Horovod), and
+``hvd_sparse.torch.ddp``: PyTorch DDP communication hooks (no Horovod needed).
 This top level imports no framework. ``set_kernels`` selects the fused kernels (hvd_sparse.kernels,
 default "auto") or the reference path ("off"); the environment variable HVD_SPARSE_KERNELS sets
 the initial mode. See docs/kernels.md.
