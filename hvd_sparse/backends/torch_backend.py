@@ -249,7 +249,15 @@ class TorchBackend(Backend):
     def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
                           index_dtype="int64", clear_inputs=False, check_finite=False, momentum=None):
         ops = kernels.ops_for(residual)
-        if ops is not None and momentum is None:
+        if ops is not None and momentum is not None:   # the momentum correction in the same pass
+            kernel = getattr(ops, "momentum_accumulate_select", None)
+            done = None if kernel is None else kernel(
+                residual, momentum.buffer, tensors, momentum.factor, momentum.nesterov, lo, hi, threshold,
+                list(probes), every, _DTYPES[index_dtype], clear_inputs, check_finite)
+            if done is not None:   # momentum.buffer updated in place (or, not finite, left)
+                finite, idx, counts = done
+                return (residual, idx, counts, True) if finite else (residual, None, [], False)
+        elif ops is not None:
             args = (residual, tensors, lo, hi, threshold, list(probes), every, _DTYPES[index_dtype],
                     clear_inputs)
             if check_finite:   # the finite check and the count read together (one sync on a GPU)

@@ -18,6 +18,7 @@ from .accumulate import (  # noqa: E402
     accumulate_select_if_finite,
     all_finite,
     clear,
+    momentum_accumulate_select,
     select_at_least,
 )
 from .indexing import put_at, zero_at  # noqa: E402
@@ -27,4 +28,4 @@ from .topk import topk_abs  # noqa: E402
 
 __all__ = ["abs_at_least", "accumulate", "accumulate_moments", "accumulate_norms", "accumulate_select",
            "accumulate_select_if_finite", "all_finite", "clear", "mean_std", "momentum_accumulate",
-           "put_at", "segment_norms", "select_at_least", "topk_abs", "zero_at"]
+           "momentum_accumulate_select", "put_at", "segment_norms", "select_at_least", "topk_abs", "zero_at"]

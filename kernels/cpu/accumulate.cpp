@@ -29,7 +29,6 @@ constexpr int64_t GROUP = 64;        // elements counted at once before a scalar
 constexpr int MAX_PROBES = 8;
 constexpr int CHECK_AND_CLEAR = 2;   // hvd_sparse_accumulate_select's clear: check the inputs too
 constexpr int64_t LINE = 64;        // bytes per cache line
-constexpr int64_t AHEAD = 8192;     // bytes a read-only scan prefetches ahead
 
 inline uint32_t float_bits(float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; }
 inline float bits_float(uint32_t u) { float f; std::memcpy(&f, &u, 4); return f; }
@@ -69,6 +68,53 @@ inline void add_chunk(R* __restrict r, X* __restrict x, int64_t n, bool clear) {
     for (int64_t i = 0; i < n; ++i) r[i] = R(C(r[i]) + C(widen(x[i])));
     if (clear) std::memset(static_cast<void*>(x), 0, sizeof(X) * n);
 }
+
+// The momentum correction's accumulation of one piece, with velocity u and factor m, element by
+// element in the residual's type R (the reference Backend.momentum_accumulate; momentum.cpp):
+//   g = 0 + x     (x converted exactly to the wider type, one add there, rounded to R: the
+//                  reference accumulates the inputs into zeros, which turns -0 into +0)
+//   plain:    u = u * m + g;      r = r + u
+//   nesterov: u = (u + g) * m;    r = (r + u) + g
+// each operation rounded to R, in that order (the build forbids contracting them into an FMA).
+template <typename R, typename X>
+inline void momentum_chunk(R* __restrict r, R* __restrict u, X* __restrict x, int64_t n, R m, bool nesterov,
+                           bool clear) {
+    using C = typename Compute<R, X>::type;
+    if (nesterov) {
+        for (int64_t i = 0; i < n; ++i) {
+            const R g = R(C(0) + C(widen(x[i])));
+            const R v = (u[i] + g) * m;
+            u[i] = v;
+            r[i] = (r[i] + v) + g;
+        }
+    } else {
+        for (int64_t i = 0; i < n; ++i) {
+            const R g = R(C(0) + C(widen(x[i])));
+            const R v = u[i] * m + g;
+            u[i] = v;
+            r[i] = r[i] + v;
+        }
+    }
+    if (clear) std::memset(static_cast<void*>(x), 0, sizeof(X) * n);
+}
+
+// What a pass adds into a piece of the residual: the input (PlainAdd), or the input through the
+// momentum correction's velocity (MomentumAdd, whose u runs parallel to the residual).
+struct PlainAdd {
+    template <typename R, typename X>
+    void operator()(R* r, X* x, int64_t, int64_t n, bool clear) const { add_chunk(r, x, n, clear); }
+};
+
+template <typename R>
+struct MomentumAdd {
+    R* u = nullptr;
+    R m = 0;
+    bool nesterov = false;
+    template <typename X>
+    void operator()(R* r, X* x, int64_t at, int64_t n, bool clear) const {
+        momentum_chunk(r, u + at, x, n, m, nesterov, clear);
+    }
+};
 
 // The bits of a float type, and its exponent mask (all ones: Inf or NaN).
 template <typename R> struct Bits;
@@ -214,14 +260,14 @@ struct SegmentSquares {
 
 // One pass over one input tensor occupying [offset, offset + n) of the residual, in pieces of at
 // most CHUNK entries (L1-resident when the visitor reads them) that end where the visitor asks.
-template <typename R, typename X, typename V>
-void accumulate_segment(R* residual, X* x, int64_t offset, int64_t n, bool clear, V& visitor) {
+template <typename R, typename X, typename V, typename A>
+void accumulate_segment(R* residual, X* x, int64_t offset, int64_t n, bool clear, V& visitor, const A& add) {
     int64_t i = 0;
     while (i < n) {
         const int64_t at = offset + i;
         const int64_t end = std::min<int64_t>(std::min<int64_t>(n, i + CHUNK), visitor.piece_end(at) - offset);
         const int64_t len = end - i;
-        add_chunk(residual + at, x + i, len, clear);
+        add(residual + at, x + i, at, len, clear);
         visitor.visit(residual + at, at, len);
         i = end;
     }
@@ -260,18 +306,18 @@ bool accumulate_kept(void* residual, const void* const* inputs, const int64_t* s
     return true;
 }
 
-template <typename R, typename V>
+template <typename R, typename V, typename A = PlainAdd>
 void accumulate_all(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
-                    int num_inputs, bool clear, V& visitor) {
+                    int num_inputs, bool clear, V& visitor, const A& add = A{}) {
     R* r = static_cast<R*>(residual);
     int64_t offset = 0;
     for (int k = 0; k < num_inputs; ++k) {
         void* x = const_cast<void*>(inputs[k]);
         switch (dtypes[k]) {
-            case F16: accumulate_segment(r, static_cast<Half*>(x), offset, sizes[k], clear, visitor); break;
-            case BF16: accumulate_segment(r, static_cast<BFloat*>(x), offset, sizes[k], clear, visitor); break;
-            case F32: accumulate_segment(r, static_cast<float*>(x), offset, sizes[k], clear, visitor); break;
-            default: accumulate_segment(r, static_cast<double*>(x), offset, sizes[k], clear, visitor); break;
+            case F16: accumulate_segment(r, static_cast<Half*>(x), offset, sizes[k], clear, visitor, add); break;
+            case BF16: accumulate_segment(r, static_cast<BFloat*>(x), offset, sizes[k], clear, visitor, add); break;
+            case F32: accumulate_segment(r, static_cast<float*>(x), offset, sizes[k], clear, visitor, add); break;
+            default: accumulate_segment(r, static_cast<double*>(x), offset, sizes[k], clear, visitor, add); break;
         }
         offset += sizes[k];
     }
@@ -332,28 +378,26 @@ bool valid_inputs(const int* dtypes, int num_inputs) {
 
 template <typename X>
 bool finite(const X* x, int64_t n, X mask) {
-    // A float is finite unless its exponent bits are all set.
-    for (int64_t g = 0; g < n; g += 4096) {
-        const int64_t end = g + 4096 < n ? g + 4096 : n;
-        int bad = 0;
-        // One line fetched 8 KiB ahead: a read-only scan is otherwise stalled at every 4 KiB page
-        // (the hardware prefetcher stops there), at about half the memory bandwidth.
-        for (int64_t i = g; i < end; i += LINE / int64_t(sizeof(X))) {
-            __builtin_prefetch(x + i + AHEAD / int64_t(sizeof(X)));
-            const int64_t stop = std::min<int64_t>(i + LINE / int64_t(sizeof(X)), end);
-            for (int64_t j = i; j < stop; ++j) bad |= (x[j] & mask) == mask;
+    // A float is finite unless its exponent bits are all set. One core's read-only scan is
+    // latency-bound: a single stream reads about a third slower than four (each step reads four
+    // lines from each quarter of the vector), which keep more misses in flight.
+    constexpr int STREAMS = 4;
+    constexpr int64_t STEP = 4 * LINE / int64_t(sizeof(X));
+    const int64_t part = n / (STREAMS * STEP) * STEP;
+    X bad = 0;
+    for (int64_t i = 0; i < part; i += STEP) {
+        for (int s = 0; s < STREAMS; ++s) {
+            const X* y = x + s * part + i;
+            for (int64_t j = 0; j < STEP; ++j) bad |= X(X(0) - X((y[j] & mask) == mask));
         }
-        if (bad) return false;
+        if (bad && (i / STEP) % 64 == 63) return false;   // now and then: stop early
     }
-    return true;
+    for (int64_t j = STREAMS * part; j < n; ++j) bad |= X(X(0) - X((x[j] & mask) == mask));
+    return bad == 0;
 }
 
-}  // namespace
-
-extern "C" {
-
-// 1 when no entry of the n values at data (dtype code) is NaN or Inf.
-int hvd_sparse_all_finite(const void* data, int64_t n, int dtype) {
+// Whether no entry of the n values at data (dtype code) is NaN or Inf; -1 for an unknown dtype.
+int all_finite(const void* data, int64_t n, int dtype) {
     switch (dtype) {
         case F16: return finite(static_cast<const uint16_t*>(data), n, uint16_t(0x7c00u));
         case BF16: return finite(static_cast<const uint16_t*>(data), n, uint16_t(0x7f80u));
@@ -362,6 +406,37 @@ int hvd_sparse_all_finite(const void* data, int64_t n, int dtype) {
         default: return -1;
     }
 }
+
+// run() with the momentum correction (MomentumAdd): one pass reads u, the input and the residual
+// and writes u and the residual (and zeroes the input with clear), selecting as run() does. With
+// check, the inputs are read first (all_finite): -2 when one holds NaN/Inf, before anything is
+// written. That read is the price of leaving u and the residual untouched exactly: undoing the
+// pass instead would need the old u and the old residual of every entry already written, 64 bits
+// an entry of which the input's slot holds 32 (see docs/kernels.md).
+template <typename R, typename I>
+int64_t run_momentum(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
+                     int num_inputs, bool clear, void* momentum, double factor, bool nesterov, bool check,
+                     int64_t lo, int64_t hi, double threshold, void* out, const double* probes,
+                     int num_probes, int64_t row_len, int64_t every, int64_t sample_end, int64_t* counts) {
+    if (check)
+        for (int k = 0; k < num_inputs; ++k)
+            if (!all_finite(inputs[k], sizes[k], dtypes[k])) return -2;
+    auto s = selection<R, I>(lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end);
+    MomentumAdd<R> add;
+    add.u = static_cast<R*>(momentum);
+    add.m = R(factor);
+    add.nesterov = nesterov;
+    accumulate_all<R>(residual, inputs, dtypes, sizes, num_inputs, clear, s, add);
+    for (int p = 0; p < num_probes; ++p) counts[p] = s.counts[p];
+    return s.selected;
+}
+
+}  // namespace
+
+extern "C" {
+
+// 1 when no entry of the n values at data (dtype code) is NaN or Inf.
+int hvd_sparse_all_finite(const void* data, int64_t n, int dtype) { return all_finite(data, n, dtype); }
 
 // Zero n bytes at data (stream_zero): about twice as fast as torch's fill on tens of megabytes,
 // which reads each line before writing it.
@@ -388,6 +463,33 @@ int64_t hvd_sparse_accumulate_select(void* residual, int residual_dtype, const v
         return run<decltype(residual_tag), decltype(index_tag)>(
             residual, inputs, dtypes, sizes, num_inputs, clear, lo, hi, threshold, out, probes,
             num_probes, row_len, every, sample_end, counts);
+    };
+    const bool wide = index_bits == 64;
+    if (residual_dtype == F32) return wide ? go(float{}, int64_t{}) : go(float{}, int32_t{});
+    if (residual_dtype == F64) return wide ? go(double{}, int64_t{}) : go(double{}, int32_t{});
+    return -1;
+}
+
+// hvd_sparse_accumulate_select with the momentum correction: the inputs enter the residual through
+// the velocity momentum (residual_dtype, contiguous, as long as the residual; updated in place)
+// with factor and form nesterov (see momentum_chunk), in the same one pass that selects in [lo,
+// hi) and counts at the probes. clear: 0 keep the inputs, 1 zero them. check != 0: the inputs are
+// checked first; when one holds NaN/Inf nothing is written (residual, momentum and inputs as they
+// were) and -2 comes back. Returns the count, or -1 for unsupported arguments.
+int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype, const void* const* inputs,
+                                              const int* dtypes, const int64_t* sizes, int num_inputs,
+                                              int clear, void* momentum, double factor, int nesterov,
+                                              int check, int64_t lo, int64_t hi, double threshold, void* out,
+                                              int index_bits, const double* probes, int num_probes,
+                                              int64_t row_len, int64_t every, int64_t sample_end,
+                                              int64_t* counts) {
+    if (num_probes > MAX_PROBES || num_probes < 0 || !valid_inputs(dtypes, num_inputs) || clear < 0 || clear > 1
+        || momentum == nullptr)
+        return -1;
+    auto go = [&](auto residual_tag, auto index_tag) {
+        return run_momentum<decltype(residual_tag), decltype(index_tag)>(
+            residual, inputs, dtypes, sizes, num_inputs, clear != 0, momentum, factor, nesterov != 0,
+            check != 0, lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end, counts);
     };
     const bool wide = index_bits == 64;
     if (residual_dtype == F32) return wide ? go(float{}, int64_t{}) : go(float{}, int32_t{});

@@ -1,7 +1,7 @@
 """CPU ops of the threshold methods' step: finite check, error-feedback accumulation, the fused
-accumulate-and-select, the same selection on an accumulated vector, and accumulation with
-Gaussian-k's moments or DEFT's segment norms taken in the same pass (accumulate.cpp), with the
-semantics of the torch reference path.
+accumulate-and-select (with the momentum correction too), the same selection on an accumulated
+vector, and accumulation with Gaussian-k's moments or DEFT's segment norms taken in the same pass
+(accumulate.cpp), with the semantics of the torch reference path.
 
 Each op returns None for arguments it has no kernel for (a dtype outside fp16/bf16/fp32/fp64, a
 residual that is not a contiguous fp32/fp64 CPU vector): the caller then runs the reference ops.
@@ -34,6 +34,9 @@ _accumulate_moments = bind("hvd_sparse_accumulate_moments", ctypes.c_int,
                            [*_INPUTS, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(_i64)])
 _accumulate_norms = bind("hvd_sparse_accumulate_norms", ctypes.c_int,
                          [*_INPUTS, _ptr, _i64, _ptr, _ptr])
+_momentum_accumulate_select = bind(
+    "hvd_sparse_momentum_accumulate_select", _i64,
+    [*_INPUTS, _ptr, ctypes.c_double, ctypes.c_int, ctypes.c_int, _i64, _i64, *_SELECTION])
 _select_at_least = bind("hvd_sparse_select_at_least", _i64, [_ptr, ctypes.c_int, _i64, _i64, *_SELECTION])
 _clear = bind("hvd_sparse_clear", None, [_ptr, _i64])
 MAX_PROBES = 8
@@ -107,6 +110,32 @@ def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tens
         return False, torch.zeros(0, dtype=index_dtype), [0.0] * len(probes)
     done = accumulate_select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs)
     return None if done is None else (True, *done)
+
+
+def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
+                               factor: float, nesterov: bool, lo: int, hi: int, threshold: float,
+                               probes: list[float], every: int, index_dtype: torch.dtype, clear_inputs: bool,
+                               check_finite: bool) -> tuple[bool, torch.Tensor, list[float]] | None:
+    """(finite, idx, probe_counts): ``accumulate_select`` with the momentum correction, in one pass
+    that reads u, the gradient and the residual and writes u and the residual: g = concat(tensors)
+    in the residual's dtype, u = factor·u + g and residual += u (Nesterov: u = factor·(u + g) and
+    residual = (residual + u) + g), each operation rounded as the reference
+    ``Backend.momentum_accumulate`` rounds it, ``momentum`` (a contiguous vector of the residual's
+    dtype and length) updated in place. With ``check_finite`` the inputs are read first: when one
+    holds NaN/Inf nothing is written (residual, u and inputs keep their values), idx is empty and
+    the counts are 0."""
+    if (not _supported(residual, tensors) or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES
+            or not 0 <= lo <= hi <= residual.numel() or momentum.device.type != "cpu"
+            or momentum.dtype != residual.dtype or momentum.dim() != 1 or not momentum.is_contiguous()
+            or momentum.numel() != residual.numel()):
+        return None
+    selection = _Selected(residual.dtype, lo, hi, threshold, probes, every, index_dtype)
+    selected = _accumulating(residual, tensors, clear_inputs, _momentum_accumulate_select,
+                             momentum.data_ptr(), float(factor), int(bool(nesterov)), int(bool(check_finite)),
+                             lo, hi, *selection.arguments())
+    if selected == _NOT_FINITE_CODE:
+        return False, torch.zeros(0, dtype=index_dtype), [0.0] * len(probes)
+    return None if selected < 0 else (True, *selection.result(selected))
 
 
 def _supported(residual: torch.Tensor, tensors: list[torch.Tensor]) -> bool:

@@ -17,6 +17,10 @@ The ops of the kernel contract, with the reference's results bit for bit:
 * ``mean_std(x)``, ``segment_norms(x, lengths)``               -- 1 (the sums; sums.py)
 * ``accumulate_moments(residual, tensors, clear_inputs, check_finite)``,
   ``accumulate_norms(residual, tensors, lengths)``           -- 1 (the finite flag with the sums)
+* ``momentum_accumulate(residual, momentum, tensors, factor, nesterov)``  -- 0
+* ``momentum_accumulate_select(residual, momentum, tensors, factor, nesterov, lo, hi, threshold,
+  probes, every, index_dtype, clear_inputs, check_finite)``  -- 1: accumulate_select (with the
+  finite check when asked) with the momentum correction in the same pass
 
 Host synchronizations. Each one stalls the host until the GPU has drained its queue, so a bucket
 takes at most one per step: the count of selected entries, which the allgather needs on the host.
@@ -59,10 +63,12 @@ from .accumulate import (
     accumulate_select_if_finite,
     all_finite,
     finite_flag,
+    momentum_accumulate,
+    momentum_accumulate_select,
 )
 from .sums import accumulate_moments, accumulate_norms, mean_std, segment_norms
 from .topk import topk_abs
 
 __all__ = ["accumulate", "accumulate_if_finite", "accumulate_moments", "accumulate_norms",
            "accumulate_select", "accumulate_select_if_finite", "all_finite", "finite_flag", "mean_std",
-           "segment_norms", "topk_abs"]
+           "momentum_accumulate", "momentum_accumulate_select", "segment_norms", "topk_abs"]

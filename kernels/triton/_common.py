@@ -56,6 +56,12 @@ def threshold_key(threshold: float, dtype: torch.dtype) -> int:
     return _bits(rounded)
 
 
+def float_bits(value: float, dtype: torch.dtype) -> int:
+    """The bits of ``value`` rounded to nearest in ``dtype`` (fp32 or fp64), as a signed integer:
+    how a float scalar reaches a kernel exactly (a kernel bitcasts it back)."""
+    return _bits(torch.tensor(value, dtype=torch.float64).to(dtype))
+
+
 @triton.jit
 def capped_key(x, NAN_KEY: tl.constexpr):
     """Integer key of |x| (int32 for 16- and 32-bit floats, int64 for fp64), every NaN at

@@ -1,7 +1,12 @@
-"""Error feedback and threshold selection in one pass: all_finite, accumulate, accumulate_select.
+"""Error feedback and threshold selection in one pass: all_finite, accumulate, accumulate_select,
+and the same with the momentum correction (momentum_accumulate, momentum_accumulate_select).
 
 ``a = e + g`` is computed per input tensor (one launch each, as the reference adds slice by
-slice), into the residual, optionally zeroing the input in the same pass. With selection, the
+slice), into the residual, optionally zeroing the input in the same pass. With the momentum
+correction the same pass reads and writes the velocity u too: ``u = m·u + g, a = e + u``
+(Nesterov: ``u = m·(u + g), a = (e + u) + g``), every operation rounded on its own as the
+reference's separate torch ops round it (the launches disable the compiler's fusion of a multiply
+and an add into an FMA). With selection, the
 same pass counts, per block of the rank's range [lo, hi), the entries with |a| >= T, and the
 probe counts on the sampled sub-range; an exclusive scan of the block counts (torch.cumsum, on
 the device) then lets a second, range-only pass write the indices of every block at its offset:
@@ -24,6 +29,7 @@ from ._common import (
     RESIDUALS,
     blocks,
     capped_key,
+    float_bits,
     nan_key,
     on_device,
     same_device,
@@ -63,10 +69,11 @@ def _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, pro
 @triton.jit
 def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, range_block,
                        num_blocks, skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
-                       sample_len, row_len, every,
+                       sample_len, row_len, every, momentum_ptr, factor_bits,
                        SELECT: tl.constexpr, NUM_PROBES: tl.constexpr, GATED: tl.constexpr,
                        CLEAR: tl.constexpr, WIDE: tl.constexpr, NAN_KEY: tl.constexpr,
-                       BLOCK: tl.constexpr):
+                       BLOCK: tl.constexpr, MOMENTUM: tl.constexpr = False,
+                       NESTEROV: tl.constexpr = False):
     # Block b covers [b * BLOCK, (b + 1) * BLOCK) of the residual, whichever tensor it reads: the
     # residual's accesses stay aligned (vector loads), and count j belongs to block range_block + j
     # for every launch (a block on a tensor border is counted by two).
@@ -77,9 +84,24 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         inside = inside & (tl.load(skip_ptr) == 0)
     g = tl.load(input_ptr + (position - offset), mask=inside, other=0)
     e = tl.load(residual_ptr + position, mask=inside, other=0)
-    # Exactly torch's residual.add_(g): both converted to their common dtype, one add, one
-    # rounding to the residual's dtype (a no-op unless g is fp64 and the residual fp32).
-    a = (e.to(tl.float64) + g.to(tl.float64)).to(e.dtype) if WIDE else e + g.to(e.dtype)
+    if MOMENTUM:
+        # The reference's gradient vector: the inputs accumulated into zeros, 0 + g rounded to
+        # the residual's dtype, which turns -0 into +0 (before the rounding: a tiny fp64 value
+        # still rounds to -0 in fp32, as there).
+        g = tl.where(g == 0, tl.zeros_like(g), g).to(e.dtype)
+        m = _factor(factor_bits, e)
+        u = tl.load(momentum_ptr + position, mask=inside, other=0)
+        if NESTEROV:
+            u = (u + g) * m
+            a = (e + u) + g
+        else:
+            u = u * m + g
+            a = e + u
+        tl.store(momentum_ptr + position, u, mask=inside)
+    else:
+        # Exactly torch's residual.add_(g): both converted to their common dtype, one add, one
+        # rounding to the residual's dtype (a no-op unless g is fp64 and the residual fp32).
+        a = (e.to(tl.float64) + g.to(tl.float64)).to(e.dtype) if WIDE else e + g.to(e.dtype)
     tl.store(residual_ptr + position, a, mask=inside)
     if CLEAR:
         tl.store(input_ptr + (position - offset), tl.zeros_like(g), mask=inside)
@@ -92,6 +114,15 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         if NUM_PROBES > 0:
             _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, probe_ptr,
                           p0, p1, p2, p3, NUM_PROBES, NAN_KEY)
+
+
+@triton.jit
+def _factor(bits, like):
+    """The momentum factor, passed as the bits of its value in the residual's dtype (``like``'s)."""
+    if like.dtype.primitive_bitwidth == 64:
+        return bits.to(tl.int64).to(tl.float64, bitcast=True)
+    else:
+        return bits.to(tl.int32).to(tl.float32, bitcast=True)
 
 
 @triton.jit
@@ -180,7 +211,10 @@ class _Selection:
 
 
 def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
-                     skip: torch.Tensor | None, selection: _Selection | None) -> None:
+                     skip: torch.Tensor | None, selection: _Selection | None,
+                     momentum: tuple[torch.Tensor, float, bool] | None = None) -> None:
+    """The accumulating launches; ``momentum``: (velocity, factor, nesterov) of the momentum
+    correction, the velocity updated in the same pass."""
     block = _common.BLOCK
     nan = nan_key(residual.dtype)
     lo = selection.lo if selection is not None else 0
@@ -195,6 +229,8 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
         probe_keys, fused, key, sample = [0] * FUSED_PROBES, 0, 0, (0, 1, 1)
         counts = probe_counts = residual   # not read (SELECT is off)
     gate = skip if skip is not None else residual
+    velocity, factor, nesterov = momentum if momentum is not None else (residual, 0.0, False)
+    factor_bits = float_bits(factor, residual.dtype)
     offset = 0
     for t in tensors:
         n = t.numel()
@@ -207,11 +243,12 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
         with on_device(residual.device):
             _accumulate_kernel[(last - first + 1,)](
                 residual, source, offset, n, lo, hi, first, range_block, num_blocks, gate, counts,
-                probe_counts, key, *probe_keys, *sample,
+                probe_counts, key, *probe_keys, *sample, velocity, factor_bits,
                 SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
                 CLEAR=clear_inputs and contiguous,
                 WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
-                NAN_KEY=nan, BLOCK=block)
+                NAN_KEY=nan, BLOCK=block, MOMENTUM=momentum is not None, NESTEROV=bool(nesterov),
+                enable_fp_fusion=False)   # u·m + g: two roundings, as the reference's two ops
         if clear_inputs and not contiguous:  # the kernel zeroed a copy: zero the tensor itself
             if skip is None:
                 t.zero_()
@@ -230,7 +267,9 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
 
 def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
             threshold: float, probes: list[float], every: int, index_dtype: torch.dtype,
-            clear_inputs: bool, check_finite: bool) -> tuple[bool, torch.Tensor, list[float]] | None:
+            clear_inputs: bool, check_finite: bool,
+            momentum: tuple[torch.Tensor, float, bool] | None = None
+            ) -> tuple[bool, torch.Tensor, list[float]] | None:
     if not (_residual_supported(residual, tensors) and index_dtype in INDICES
             and 0 <= lo <= hi <= residual.numel()
             and (index_dtype == torch.int64 or hi <= torch.iinfo(torch.int32).max)):
@@ -240,7 +279,7 @@ def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: in
     if check_finite:
         skip = selection.scalars[:1]
         _nonfinite_into(skip, tensors)
-    _accumulate_into(residual, tensors, clear_inputs, skip, selection)
+    _accumulate_into(residual, tensors, clear_inputs, skip, selection, momentum)
     ends = torch.cumsum(selection.counts, 0)
     head = torch.cat([selection.scalars, ends[-1:]]) if selection.num_blocks else selection.scalars
     values = head.tolist()   # the one host synchronization
@@ -318,3 +357,34 @@ def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tens
     inputs keep their values), idx is empty and the counts are 0."""
     return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
                    clear_inputs, check_finite=True)
+
+
+def _velocity_supported(residual: torch.Tensor, momentum: torch.Tensor) -> bool:
+    return (momentum.device == residual.device and momentum.dtype == residual.dtype and momentum.dim() == 1
+            and momentum.is_contiguous() and momentum.numel() == residual.numel())
+
+
+def momentum_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
+                        factor: float, nesterov: bool) -> bool | None:
+    """The reference ``Backend.momentum_accumulate`` in one pass: g = concat(tensors) in the
+    residual's dtype, u = factor·u + g and residual += u (Nesterov: u = factor·(u + g) and
+    residual = (residual + u) + g), residual and ``momentum`` (the velocity u) in place. No host
+    synchronization."""
+    if not (_residual_supported(residual, tensors) and _velocity_supported(residual, momentum)):
+        return None
+    _accumulate_into(residual, tensors, False, None, None, (momentum, factor, nesterov))
+    return True
+
+
+def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
+                               factor: float, nesterov: bool, lo: int, hi: int, threshold: float,
+                               probes: list[float], every: int, index_dtype: torch.dtype, clear_inputs: bool,
+                               check_finite: bool) -> tuple[bool, torch.Tensor, list[float]] | None:
+    """(finite, idx, probe_counts): ``accumulate_select`` (``accumulate_select_if_finite`` with
+    ``check_finite``) with the momentum correction of ``momentum_accumulate`` in the same pass,
+    the velocity updated in place. ONE host synchronization. When an input holds NaN/Inf (with
+    ``check_finite``) nothing is written: residual, velocity and inputs keep their values."""
+    if not _velocity_supported(residual, momentum):
+        return None
+    return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs,
+                   check_finite, (momentum, factor, nesterov))

@@ -62,25 +62,31 @@ if HAS_TRITON and not INTERPRETED:
 
     def launches(residual_dtype, input_dtype, n):
         """(module, kernel, pointer and integer arguments, constexprs) as the ops launch them."""
-        from hvd_sparse.kernels.triton._common import nan_key
+        from hvd_sparse.kernels.triton._common import float_bits, nan_key
         wide = torch.float64 in (residual_dtype, input_dtype) and residual_dtype != input_dtype
         r, g = nan_key(residual_dtype), nan_key(input_dtype)
         ints = dict(offset=n, numel=n, lo=n, hi=n, first_block=7, range_block=n, num_blocks=n,
                     key_min=n, p0=n, p1=n, p2=n, p3=n, sample_len=n, row_len=n, every=8, n=n,
-                    high_mask=n, iterations=7)
+                    high_mask=n, iterations=7, factor_bits=float_bits(0.9, residual_dtype))
         block = dict(BLOCK=1024)
         return [
             ("accumulate", "_nonfinite_kernel", dict(x_ptr=input_dtype, flag_ptr=torch.int64),
              dict(NAN_KEY=g, **block)),
             ("accumulate", "_accumulate_kernel",
              dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=torch.int64,
-                  counts_ptr=torch.int32, probe_ptr=torch.int64),
-             dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r, **block)),
+                  counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype),
+             dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r,
+                  MOMENTUM=False, NESTEROV=False, **block)),
             ("accumulate", "_accumulate_kernel",
              dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=residual_dtype,
-                  counts_ptr=residual_dtype, probe_ptr=residual_dtype),
+                  counts_ptr=residual_dtype, probe_ptr=residual_dtype, momentum_ptr=residual_dtype),
              dict(SELECT=False, NUM_PROBES=0, GATED=False, CLEAR=False, WIDE=wide, NAN_KEY=r,
-                  **block)),
+                  MOMENTUM=False, NESTEROV=False, **block)),
+            *[("accumulate", "_accumulate_kernel",
+               dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=torch.int64,
+                    counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype),
+               dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r,
+                    MOMENTUM=True, NESTEROV=nesterov, **block)) for nesterov in (False, True)],
             ("accumulate", "_count_kernel", dict(residual_ptr=residual_dtype, probe_ptr=torch.int64),
              dict(NUM_PROBES=3, NAN_KEY=r, **block)),
             ("accumulate", "_compact_kernel",
@@ -126,15 +132,38 @@ if HAS_TRITON and not INTERPRETED:
             signature = {arg: "constexpr" if arg in constexprs else
                          TYPES[pointers[arg]] if arg in pointers else mangle_type(ints[arg])
                          for arg in kernel.arg_names}
+            # as the ops launch it: the accumulating kernel without FMA contraction
+            options = {"enable_fp_fusion": False} if name == "_accumulate_kernel" else {}
             compiled = triton.compile(ASTSource(kernel, signature, constexprs),
-                                      target=GPUTarget("cuda", 90, 32))
+                                      target=GPUTarget("cuda", 90, 32), options=options)
             assert compiled.asm["cubin"], name
+            if constexprs.get("MOMENTUM"):   # u·m + g stays a multiply and an add, each rounded
+                assert "fma" not in compiled.asm["ptx"], name
+
+    def test_momentum_kernel_would_contract_without_the_option():
+        """The check above means something: with fusion allowed, u·m + g becomes an FMA."""
+        import triton
+        from triton.backends.compiler import GPUTarget
+        from triton.compiler import ASTSource
+        from triton.runtime.jit import mangle_type
+
+        kernels, ints = launches(torch.float32, torch.float32, SMALL)
+        module, name, pointers, constexprs = next(k for k in kernels if k[3].get("MOMENTUM")
+                                                  and not k[3]["NESTEROV"])
+        kernel = getattr(importlib.import_module(f"hvd_sparse.kernels.triton.{module}"), name)
+        signature = {arg: "constexpr" if arg in constexprs else
+                     TYPES[pointers[arg]] if arg in pointers else mangle_type(ints[arg])
+                     for arg in kernel.arg_names}
+        fused = triton.compile(ASTSource(kernel, signature, constexprs), target=GPUTarget("cuda", 90, 32),
+                               options={"enable_fp_fusion": True})
+        assert "fma" in fused.asm["ptx"]
 
 if HAS_TRITON and not INTERPRETED and torch.cuda.is_available():
     def test_host_synchronizations():
-        """topk_abs and accumulate keep everything on the GPU; accumulate_select, with or without
-        the finite check, reads its count, probe counts and finite flag in ONE host copy (torch's
-        sync debug mode warns once per synchronizing operation)."""
+        """topk_abs, accumulate and momentum_accumulate keep everything on the GPU;
+        accumulate_select and momentum_accumulate_select, with or without the finite check, read
+        their count, probe counts and finite flag in ONE host copy (torch's sync debug mode warns
+        once per synchronizing operation)."""
         import warnings
 
         kt = importlib.import_module("hvd_sparse.kernels.triton")
@@ -163,6 +192,11 @@ if HAS_TRITON and not INTERPRETED and torch.cuda.is_available():
         assert syncs(lambda: kt.accumulate_select(residual, grads, *select)) == 1
         assert syncs(lambda: kt.accumulate_select_if_finite(residual, grads, *select)) == 1
         assert syncs(lambda: kt.all_finite(grads)) == 1
+        velocity = torch.zeros(100_000, device="cuda")
+        assert syncs(lambda: kt.momentum_accumulate(residual, velocity, grads, 0.9, True)) == 0
+        for check in (False, True):
+            assert syncs(lambda check=check: kt.momentum_accumulate_select(
+                residual, velocity, grads, 0.9, False, *select, check)) == 1
 
 if HAS_TRITON and not INTERPRETED and not torch.cuda.is_available():
     # About a minute on two free cores; the limits leave room for a machine shared with other jobs.

@@ -312,6 +312,130 @@ def test_select_at_default_block_size(monkeypatch):
     assert counts == expected[2]
 
 
+# --- the momentum correction in the accumulating pass -------------------------------------------------
+def reference_momentum_select(residual, velocity, tensors, nesterov, lo, hi, threshold, probes, every,
+                              index_dtype, clear_inputs, check_finite):
+    """(finite, a, u, idx, counts) of the reference accumulate_select with the momentum correction
+    (on copies; counts as reference_select takes them)."""
+    from hvd_sparse.backends.base import Momentum
+    momentum = Momentum(velocity.clone(), 0.9, nesterov)
+    inputs = clones(tensors)
+    a, idx, _, finite = REF.accumulate_select(residual.clone(), inputs, lo, hi, threshold, [], 1, "int64",
+                                              clear_inputs, check_finite, momentum)
+    if not finite:
+        return False, a, momentum.buffer, None, None, inputs
+    magnitude = REF.abs(a[lo:hi])
+    counts = REF.count_at_least(magnitude, probes, every) if hi > lo else [0.0] * len(probes)
+    return True, a, momentum.buffer, idx.to(index_dtype), counts, inputs
+
+
+MOMENTUM_CASES = (  # (kind, span, check_finite): every kind checked, the unchecked pass on a few
+    [(kind, span, True) for kind in KINDS for span in ("full", "inner")]
+    + [("random", "tail", False), ("heavy", "one", False), ("nonfinite", "inner", False),
+       ("zero", "empty", False), ("equal", "full", False)])
+
+
+@pytest.mark.parametrize("kind, span, check_finite", MOMENTUM_CASES)
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nesterov", [False, True], ids=["standard", "nesterov"])
+def test_momentum_accumulate_select(kind, span, check_finite, residual_dtype, nesterov):
+    """Every input dtype, -0 among the gradients and the velocity, NaN/±Inf; the residual, the
+    velocity u, the indices, the probe counts and the inputs bit for bit; nothing written when an
+    input is not finite and the check is on."""
+    tensors = bucket(kind, 40)
+    residual = residual_for(tensors, residual_dtype, 41)
+    velocity = residual_for(tensors, residual_dtype, 42)
+    velocity[::3] = -0.0
+    if kind in ("equal", "zero"):   # keep the ties and the signed zeros
+        residual.zero_()
+        velocity.fill_(-0.0)
+    n = residual.numel()
+    lo, hi = RANGES[span]
+    hi = n if hi is None else hi
+    index_dtype = torch.int32 if span in ("full", "one") else torch.int64
+    clear_inputs = span != "inner"
+    threshold = 0.75 if kind == "equal" else 1.3
+    probes = [threshold / 2, threshold * 2]
+    finite, expected, expected_u, expected_idx, expected_counts, expected_inputs = reference_momentum_select(
+        residual, velocity, tensors, nesterov, lo, hi, threshold, probes, 1, index_dtype, clear_inputs,
+        check_finite)
+    inputs = clones(tensors)
+    got_u = velocity.clone()
+    got_finite, idx, counts = kt.momentum_accumulate_select(
+        residual, got_u, inputs, 0.9, nesterov, lo, hi, threshold, probes, 1, index_dtype, clear_inputs,
+        check_finite)
+    assert got_finite is finite is (not check_finite or kind != "nonfinite")
+    assert same_bits(residual, expected) and same_bits(got_u, expected_u)
+    if finite:
+        assert idx.dtype == index_dtype and torch.equal(idx, expected_idx)
+        assert counts == expected_counts
+    else:
+        assert idx.numel() == 0 and idx.dtype == index_dtype and counts == [0.0, 0.0]
+    for t, x, want in zip(tensors, inputs, expected_inputs, strict=True):
+        assert x.stride() == t.stride() and same_bits(x, want)
+
+
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nesterov", [False, True], ids=["standard", "nesterov"])
+def test_momentum_accumulate(residual_dtype, nesterov):
+    """The velocity's own op (DGC, and the reference's two-pass path) in one pass, no selection."""
+    tensors = bucket("heavy", 43)
+    residual = residual_for(tensors, residual_dtype, 44)
+    velocity = residual_for(tensors, residual_dtype, 45)
+    expected = REF.momentum_accumulate(residual.clone(), velocity.clone(), clones(tensors), 0.9, nesterov)
+    inputs = clones(tensors)
+    assert kt.momentum_accumulate(residual, velocity, inputs, 0.9, nesterov) is True
+    assert same_bits(residual, expected[0]) and same_bits(velocity, expected[1])
+    assert all(same_bits(x, t) for t, x in zip(tensors, inputs, strict=True))
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered:RuntimeWarning")   # the interpreter's NumPy
+@pytest.mark.parametrize("nesterov", [False, True], ids=["standard", "nesterov"])
+def test_momentum_signed_zeros_and_single_roundings(nesterov):
+    """g = 0 + input: -0 turns +0 before the velocity sees it, a tiny fp64 input still rounds to
+    -0 in fp32; u·m + g rounds twice (no FMA: 1 + 2**-24 products); overflow to Inf from finite
+    values; at the shipped block size."""
+    values = [0.0, -0.0, -1e-50, 1e-50, 3e38, -3e38, 1.0 + 2.0**-23, -(2.0**-25), 2.0**-24 + 2.0**-50, 1.0]
+    g = torch.tensor(values * 3, dtype=torch.float64, device=DEVICE)
+    e = torch.tensor([-0.0, 0.0, -0.0, 1e-45, 3e38, 3e38, 1.0, 1.0, 1.0, -1.0] * 3, device=DEVICE)
+    u = torch.tensor([-0.0] * 10 + [1.0 + 2.0**-23] * 10 + [-1e-45, 3e38, 1.0, -0.0, -3e38, 2.0, 0.5, 0.25,
+                                                              -0.0, 1.0 - 2.0**-24], device=DEVICE)
+    for inputs in ([g], [g.float()], [g[:4], g[4:].float()]):
+        select = (0, 30, 1.0, [0.5], 1, torch.int64, True, False)
+        want = reference_momentum_select(e, u, inputs, nesterov, *select)
+        got_e, got_u = e.clone(), u.clone()
+        finite, idx, counts = kt.momentum_accumulate_select(got_e, got_u, clones(inputs), 0.9, nesterov,
+                                                            *select)
+        assert finite and same_bits(got_e, want[1]) and same_bits(got_u, want[2])
+        assert torch.equal(idx, want[3]) and counts == want[4]
+
+
+def test_momentum_at_default_block_size(monkeypatch):
+    monkeypatch.setattr(common, "BLOCK", 1024)
+    tensors = [values("heavy", 2500, torch.float32, 46), values("heavy", 3000, torch.float16, 47)]
+    residual = residual_for(tensors, torch.float32, 48)
+    velocity = residual_for(tensors, torch.float32, 49)
+    want = reference_momentum_select(residual, velocity, tensors, False, 1000, 5400, 0.8, [0.4, 1.6], 1,
+                                     torch.int32, True, True)
+    finite, idx, counts = kt.momentum_accumulate_select(residual, velocity, clones(tensors), 0.9, False, 1000,
+                                                        5400, 0.8, [0.4, 1.6], 1, torch.int32, True, True)
+    assert finite and same_bits(residual, want[1]) and same_bits(velocity, want[2])
+    assert torch.equal(idx, want[3]) and counts == want[4]
+
+
+def test_momentum_declines_what_it_does_not_handle():
+    g = [values("random", 10, torch.float32, 50)]
+    e, u = torch.zeros(10, device=DEVICE), torch.zeros(10, device=DEVICE)
+    args = (0.9, False, 0, 10, 1.0, [], 1, torch.int64, False, True)
+    assert kt.momentum_accumulate_select(e, u.double(), g, *args) is None
+    assert kt.momentum_accumulate_select(e, torch.zeros(11, device=DEVICE), g, *args) is None
+    assert kt.momentum_accumulate_select(e, torch.zeros(20, device=DEVICE)[::2], g, *args) is None
+    assert kt.momentum_accumulate_select(e.half(), u.half(), g, *args) is None
+    assert kt.momentum_accumulate(e, u.double(), g, 0.9, False) is None
+    integers = [torch.ones(10, dtype=torch.int32, device=DEVICE)]
+    assert kt.momentum_accumulate(e, u, integers, 0.9, False) is None
+
+
 # --- topk_abs ----------------------------------------------------------------------------------------
 def reference_topk(x, k, index_dtype):
     return REF.topk_abs_indices(x, k).to(index_dtype)
