@@ -59,6 +59,7 @@ setup(
     # No framework is pinned here: constraints.txt holds the tested versions.
     extras_require={
         "torch": ["torch", "horovod"],
+        "ddp": ["torch"],   # hvd_sparse.torch.ddp: DDP communication hooks, no Horovod
         "tensorflow": ["tensorflow", "horovod"],
         "mpi": ["mpi4py"],
         "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "matplotlib"],

@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import inspect
 import re
+import subprocess
+import sys
 from unittest import mock
 
 import numpy as np
@@ -215,3 +217,19 @@ def test_options_are_checked_when_the_state_is_built():
     with mock.patch.object(dist, "is_initialized", return_value=False), \
             pytest.raises(ConfigurationError, match="init_process_group"):
         ddp.TopK(density=0.1)
+
+
+def test_the_ddp_face_imports_without_horovod_and_the_horovod_face_says_so():
+    code = ("import sys\n"
+            "sys.modules['horovod'] = None   # as if Horovod were not installed\n"
+            "import hvd_sparse.torch.ddp as ddp\n"
+            "import hvd_sparse.torch as hs\n"
+            "assert 'TopK' in ddp.FACES and hs.FACES == {}\n"
+            "try:\n"
+            "    hs.TopK\n"
+            "except ImportError as error:\n"
+            "    print(error)\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                            check=False)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert "needs horovod.torch" in result.stdout and "hvd_sparse.torch.ddp.TopK" in result.stdout
