@@ -9,9 +9,11 @@ between steps.
 * Scope "tensor": each gradient's step becomes py_function phases joined by Horovod graph ops
   (asynchronous kernels, named by the gradient's position), so tensors may complete in any order.
 * Other scopes (the whole model, merged groups): every ``compress`` of the trace stashes its
-  gradient; the first ``decompress`` buckets them by the algorithm's plan. One bucket runs in one
-  py_function with eager, blocking collectives (one per step per rank, so any protocol works);
-  several become phased graphs as above. This needs every gradient in one Horovod group
+  gradient; the first ``decompress`` buckets them by the algorithm's plan. The whole model (with
+  its ``dense_below`` bucket, if any) runs in one py_function with eager, blocking collectives
+  (one per step per rank, so any protocol works, ``dense_steps`` included); merged groups become
+  phased graphs as above where their phases are known in advance, else they too run in one
+  py_function. This needs every gradient in one Horovod group
   (``num_groups=1``); without it each gradient sits in its own ``tf.cond`` and the compressor
   raises a clear error at trace time.
 """
@@ -29,7 +31,7 @@ import tensorflow as tf
 from horovod.tensorflow.compression import Compressor
 from tensorflow.python.framework.func_graph import FuncGraph
 
-from ..algorithms.base import TENSOR, Algorithm
+from ..algorithms.base import MODEL, TENSOR, Algorithm
 from ..backends import get_backend
 from ..comm import Collective, run_blocking
 from ..comm.horovod_tf import HorovodTFComm
@@ -180,9 +182,13 @@ class SparseCompressor(FaceBase, Compressor):
         return self._traces[graph]
 
     def _bucket_graphs(self, grads: list) -> list:
-        """Outputs for every stashed gradient, bucketed by the algorithm's plan. A single bucket
-        runs in one py_function with blocking collectives (any protocol, e.g. one that selects with
-        a broadcast); several run as phased graphs, which may complete in any order."""
+        """Outputs for every stashed gradient, bucketed by the algorithm's plan. Whole-model
+        scope -- one bucket, or the model and the ``dense_below`` bucket -- runs in one
+        py_function with blocking collectives, bucket after bucket: any protocol works there (one
+        that selects with a broadcast, or averages densely for its first ``dense_steps``), and a
+        step that raises is taken back whole. Merged groups run as phased graphs, which may
+        complete in any order, unless some group's phases are not known before it runs; then
+        they too run in one py_function."""
         keys = [f"g{i}" for i in range(len(grads))]
         if not self._layout_checked:
             self._layout_checked = True
@@ -191,18 +197,36 @@ class SparseCompressor(FaceBase, Compressor):
             self._run_out_of_graph(self._engine.agree_on_config(layout))
         plan = self.algorithm.plan(keys, [g.shape.num_elements() for g in grads])
         position = {key: i for i, key in enumerate(keys)}
+        buckets = [(bucket, [grads[position[key]] for key in members]) for bucket, members in plan]
+        if self.algorithm.scope == MODEL or len(plan) == 1 or not self._phases_known(buckets):
+            inputs = [t for _, tensors in buckets for t in tensors]
+            flat = tf.py_function(
+                functools.partial(self._run_blocking, [(bucket, len(ts)) for bucket, ts in buckets]),
+                inputs, Tout=[t.dtype for t in inputs])
+            results, offset = [], 0
+            for _, tensors in buckets:
+                results.append(flat[offset:offset + len(tensors)])
+                offset += len(tensors)
+        else:
+            results = [self._phased_graph(bucket, tensors) for bucket, tensors in buckets]
         outputs: list = [None] * len(grads)
-        for bucket, members in plan:
-            tensors = [grads[position[key]] for key in members]
-            if len(plan) == 1:
-                results = tf.py_function(functools.partial(self._run_blocking, bucket), tensors,
-                                         Tout=[t.dtype for t in tensors])
-            else:
-                results = self._phased_graph(bucket, tensors)
-            for key, out, grad in zip(members, results, tensors, strict=True):
+        for (_, members), (_, tensors), outs in zip(plan, buckets, results, strict=True):
+            for key, out, grad in zip(members, outs, tensors, strict=True):
                 out.set_shape(grad.shape)
                 outputs[position[key]] = out
         return outputs
+
+    def _phases_known(self, buckets: list) -> bool:
+        """Whether every bucket's phases are known before it runs (``Engine.schedule``), so that
+        it can be built as a phased graph: not with ``dense_steps`` (the collectives change after
+        them) or a method that exchanges messages while selecting."""
+        try:
+            for bucket, tensors in buckets:
+                sizes = tuple(t.shape.num_elements() for t in tensors)
+                self._engine.schedule(bucket, sum(sizes), tuple(t.dtype.name for t in tensors), sizes)
+        except ConfigurationError:
+            return False
+        return True
 
     def _phased_graph(self, key: str, tensors: list) -> list:
         """The bucket's step as py_function phases joined by Horovod graph collectives."""
@@ -241,9 +265,24 @@ class SparseCompressor(FaceBase, Compressor):
                                     f"graph was built for {expected}")
         return [c.tensor for c in phase]
 
-    def _run_blocking(self, key: str, *grads) -> list:
+    def _run_blocking(self, layout: list[tuple[str, int]], *grads) -> list:
+        """Every bucket of ``layout`` ((bucket, number of tensors), in plan order, the same on
+        every rank) one after the other, with eager blocking collectives."""
         self._follow_world()
-        return run_blocking(self._engine.step(key, list(grads)), self._comm.execute)
+        engine, outputs, done, offset = self._engine, [], [], 0
+        try:
+            for key, count in layout:
+                tensors = list(grads[offset:offset + count])
+                outputs += run_blocking(engine.step(key, tensors), self._comm.execute)
+                done.append(key)
+                offset += count
+        except FloatingPointError:
+            # Raised on every rank at the same bucket (nonfinite="raise"): the buckets that
+            # finished take their step back, so the step is applied nowhere (README,
+            # "Non-finite gradients"); the later ones have not started on any rank.
+            engine.take_back(done)
+            raise
+        return outputs
 
 
 def with_model_grouping(compression: Any, kwargs: dict) -> dict:
