@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import inspect
 import textwrap
+import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
@@ -51,6 +52,7 @@ class FaceBase:
         self.nonfinite = check_choice("nonfinite", nonfinite, NONFINITE_POLICIES)
         self._engine: Engine | None = None
         self._elastic: Any = None   # hvd_sparse.elastic.ElasticCompressor, once in an elastic State
+        self._optimizer_seen = False   # an optimizer's momentum was checked (_check_optimizer)
 
     # --- the framework's part ----------------------------------------------------------------------
     def _make_engine(self) -> Engine:
@@ -77,6 +79,24 @@ class FaceBase:
         running job (newcomers and survivors alike): a face whose configuration check would
         otherwise run where only some processes are (TensorFlow: while tracing) runs it here.
         The engine's own checks need nothing: every process rebuilds its engine at a reset."""
+
+    def _check_optimizer(self, momentum: str | None) -> None:
+        """Called by a face that can see the optimizer it serves, with how that optimizer applies
+        momentum of its own (``momentum``, e.g. "SGD(momentum=0.9)"; None: it has none). With the
+        momentum correction on (algorithms/corrections.py) the update would carry momentum
+        twice: warn, once per compressor. Only the first optimizer seen is checked."""
+        if self._optimizer_seen:
+            return
+        self._optimizer_seen = True
+        mu = self.algorithm.corrections.momentum
+        if momentum is None or mu == 0.0:
+            return
+        warnings.warn(
+            f"hvd_sparse: {type(self.algorithm).__name__} applies the momentum correction "
+            f"(momentum={mu}) and the optimizer it serves has momentum of its own ({momentum}): the "
+            "update then has momentum twice. Build the optimizer without momentum (momentum=0; for "
+            "an Adam-style optimizer, a first beta of 0), or drop the compressor's momentum "
+            "(momentum=0)", RuntimeWarning, stacklevel=3)
 
     # --- elastic Horovod (hvd_sparse/elastic.py) ------------------------------------------------------
     def _drop_engine(self) -> None:

@@ -16,6 +16,12 @@ between steps.
   py_function. This needs every gradient in one Horovod group
   (``num_groups=1``); without it each gradient sits in its own ``tf.cond`` and the compressor
   raises a clear error at trace time.
+* A second momentum: with the momentum correction on (``momentum=``), Horovod's Keras optimizer
+  (and ``hvd_sparse.tensorflow.keras.DistributedOptimizer``, at construction) lets the compressor
+  see the optimizer, and an optimizer with momentum of its own (``momentum``, ``beta_1``) is
+  warned about once. ``DistributedGradientTape`` cannot: the tape hands back reduced gradients
+  that the caller's code applies afterwards, with an optimizer no compressor call can see (the
+  warning would need the optimizer passed in, which Horovod's tape does not take).
 """
 
 from __future__ import annotations
@@ -39,8 +45,8 @@ from ..engine import Engine
 from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError, RankMismatchError
 from ..faces import FaceBase, refuse_reduction_op
-from .horovod_internals import calling_allreduce_op
-from .keras import refuse_keras3_under_horovod_keras
+from .horovod_internals import calling_allreduce_op, calling_keras_optimizer
+from .keras import optimizer_momentum, refuse_keras3_under_horovod_keras
 
 _PLACEHOLDER_DTYPES = (tf.float16, tf.float32, tf.float64)
 
@@ -97,6 +103,10 @@ class SparseCompressor(FaceBase, Compressor):
                 "hvd_sparse TensorFlow compressors are built into a graph: use them through "
                 "hvd.DistributedGradientTape, the Keras DistributedOptimizer, or inside tf.function")
         refuse_keras3_under_horovod_keras()
+        if not self._optimizer_seen:
+            optimizer = calling_keras_optimizer()
+            if optimizer is not None:
+                self._check_optimizer(optimizer_momentum(optimizer))
         self._agree_on_config_once()
         trace = self._trace()
         check_gradient_dtype(getattr(tensor, "name", f"g{len(trace.stash)}"), tensor.dtype.name)

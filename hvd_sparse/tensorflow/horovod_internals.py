@@ -19,7 +19,9 @@ fails a test instead of silently switching a refusal off:
 * On ROCm builds those functions average in the framework: they set ``average_in_framework`` and
   replace Average by Sum before compressing, so that pair reads as Average here.
 * Horovod's Keras optimizer lives in the package ``horovod/_keras``, which is on the call stack
-  whenever it reduces gradients.
+  whenever it reduces gradients; the ``self`` of its frames there is the optimizer (a class built
+  from the wrapped optimizer's base classes and configuration), whose momentum the face reads to
+  warn when the update would have momentum twice (``calling_keras_optimizer``).
 """
 
 from __future__ import annotations
@@ -64,3 +66,17 @@ def called_from_horovod_keras() -> bool:
             return True
         frame = frame.f_back
     return False
+
+
+def calling_keras_optimizer() -> Any:
+    """The Horovod Keras optimizer on the call stack (the ``self`` of its nearest frame in
+    ``horovod/_keras`` that has a ``get_config``), or None: under ``DistributedGradientTape`` no
+    optimizer takes part in the reduction."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if KERAS_PACKAGE in frame.f_code.co_filename:
+            owner = frame.f_locals.get("self")
+            if owner is not None and callable(getattr(owner, "get_config", None)):
+                return owner
+        frame = frame.f_back
+    return None

@@ -45,13 +45,36 @@ def refuse_keras3_under_horovod_keras() -> None:
         require_legacy_keras()
 
 
+def optimizer_momentum(optimizer: Any) -> str | None:
+    """How a Keras optimizer applies momentum of its own, or None: ``momentum`` > 0 (SGD,
+    RMSprop) or ``beta_1`` > 0 (Adam and its kin: beta_1's moving average of the gradient is a
+    momentum too), read from its configuration (eagerly, also while a graph is traced). None too
+    where the configuration cannot be read."""
+    import tensorflow as tf
+
+    try:
+        with tf.init_scope():
+            config = optimizer.get_config()
+        for key in ("momentum", "beta_1"):
+            value = config.get(key)
+            if value is not None and not isinstance(value, bool) and float(value) > 0:
+                return f"{type(optimizer).__name__}({key}={float(value):g})"
+    except Exception:   # a configuration this check does not understand: no warning
+        return None
+    return None
+
+
 def DistributedOptimizer(optimizer: Any, compression: Any, **kwargs: Any) -> Any:
     """``horovod.tensorflow.keras.DistributedOptimizer`` with an hvd_sparse compressor.
 
     Refuses Keras 3 (see module docstring) and, for whole-model methods, puts every gradient in
-    one group (``num_groups=1``) unless the caller chose a grouping.
+    one group (``num_groups=1``) unless the caller chose a grouping. Warns once when the
+    compressor's momentum correction is on and ``optimizer`` has momentum of its own.
     """
     require_legacy_keras()
+    check = getattr(compression, "_check_optimizer", None)
+    if check is not None:
+        check(optimizer_momentum(optimizer))
     import horovod.tensorflow.keras as hvd_keras
 
     from .compressor import with_model_grouping

@@ -21,6 +21,9 @@ optimizer steps (docs/architecture.md#pytorch-face). This class lives inside tha
   ``named_parameters``; without it, it is checked at the first ``decompress``). A step that
   raises on every rank (``nonfinite="raise"``) finishes every other bucket's collectives, takes
   their step back and leaves the face ready for the next step.
+* The optimizer that calls ``compress`` is visible there (horovod_internals.py): with the
+  momentum correction on (``momentum=``) and an optimizer that has momentum of its own, the
+  first ``compress`` warns once (``optimizer_momentum`` says what counts).
 * Timing is cheap: one clock read per ``compress`` and a non-blocking poll of the oldest bucket
   in flight, so ``stats()`` can say how long the step waited on communication
   (``comm_wait_seconds``) against how long communication was in flight
@@ -50,10 +53,33 @@ from ..engine import Engine
 from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError
 from ..faces import FaceBase, refuse_reduction_op
-from .horovod_internals import calling_optimizer_op
+from .horovod_internals import calling_optimizer
 
 _PLACEHOLDER_DTYPES = (torch.float16, torch.float32, torch.float64)
 _SPARSIFIABLE = (*_PLACEHOLDER_DTYPES, torch.bfloat16)
+
+
+def optimizer_momentum(optimizer: Any) -> str | None:
+    """How a torch optimizer applies momentum of its own, or None: ``momentum`` > 0 in a parameter
+    group (SGD, RMSprop), or Adam-style ``betas`` with beta1 > 0 (Adam, AdamW, NAdam, RAdam,
+    Adamax): beta1's moving average of the gradient is a momentum too, and on top of the momentum
+    correction it averages an already averaged gradient."""
+    name = type(optimizer).__name__
+    for group in getattr(optimizer, "param_groups", ()):
+        if _positive(group.get("momentum")):
+            return f"{name}(momentum={float(group['momentum'])})"
+        betas = group.get("betas")
+        if isinstance(betas, (tuple, list)) and betas and _positive(betas[0]):
+            return f"{name}(betas=({', '.join(str(float(b)) for b in betas)}))"
+    return None
+
+
+def _positive(value: Any) -> bool:
+    """A number (or one-element tensor) above zero."""
+    try:
+        return value is not None and not isinstance(value, bool) and float(value) > 0
+    except (TypeError, ValueError, RuntimeError):
+        return False
 
 
 class SparseCompressor(FaceBase, Compressor):
@@ -107,7 +133,10 @@ class SparseCompressor(FaceBase, Compressor):
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         # Refuse what cannot work before anything else: every rank fails here, none has issued a
         # collective of this step.
-        refuse_reduction_op(calling_optimizer_op(self), hvd)
+        optimizer, op = calling_optimizer(self)
+        refuse_reduction_op(op, hvd)
+        if optimizer is not None and not self._optimizer_seen:
+            self._check_optimizer(optimizer_momentum(optimizer))
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
         if self._outstanding == 0:  # first gradient of a new step

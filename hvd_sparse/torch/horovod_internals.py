@@ -21,6 +21,9 @@ fails a test instead of silently switching a refusal off:
   ``_DistributedAdasumOptimizer``, whose ``_allreduce_grad_async`` compresses parameter deltas and
   always reduces with Adasum; it has no ``op`` attribute, so its code object identifies it
   (``DistributedOptimizer`` copies the class dict, so the function and its code are shared).
+* The same frame's ``self`` is the optimizer the user wrapped (Horovod's class derives from its
+  class and keeps its ``param_groups``): the face reads its momentum from there
+  (``calling_optimizer``) to warn when it would apply momentum twice.
 """
 
 from __future__ import annotations
@@ -41,17 +44,28 @@ OPTIMIZER_COMPRESS_CALLERS = (_DistributedOptimizer._allreduce_grad_async.__code
 CALLER_DEPTH = 4
 
 
+def calling_optimizer(compressor: Any) -> tuple[Any, Any]:
+    """(optimizer, op): the Horovod optimizer that called ``compressor.compress`` and its
+    reduction op; call it from ``compress`` itself. The optimizer is the instance Horovod built
+    (a subclass of the wrapped optimizer's class, with its ``param_groups``). (None, None) when
+    ``compress`` was not called by a Horovod optimizer."""
+    return _find_optimizer(compressor, sys._getframe(2))   # 0: here, 1: compress, 2: its caller
+
+
 def calling_optimizer_op(compressor: Any) -> Any:
     """The reduction op of the Horovod optimizer that called ``compressor.compress``; call it from
     ``compress`` itself. None when ``compress`` was not called by a Horovod optimizer."""
-    frame = sys._getframe(2)  # 0: here, 1: compress, 2: its caller
+    return _find_optimizer(compressor, sys._getframe(2))[1]
+
+
+def _find_optimizer(compressor: Any, frame: Any) -> tuple[Any, Any]:
     for _ in range(CALLER_DEPTH):
         if frame is None:
-            return None
-        if frame.f_code is ADASUM_COMPRESS_CALLER:
-            return hvd.Adasum
+            break
         owner = frame.f_locals.get("self")
+        if frame.f_code is ADASUM_COMPRESS_CALLER:
+            return owner, hvd.Adasum
         if owner is not None and getattr(owner, "_compression", None) is compressor:
-            return getattr(owner, "op", None)
+            return owner, getattr(owner, "op", None)
         frame = frame.f_back
-    return None
+    return None, None

@@ -1,13 +1,14 @@
 """The face classes (hvd_sparse/faces.py): one per registered method in each framework, each showing
 the method's arguments and the face's options in its signature and in ``help()``; the options'
-defaults and checks, the API before the first step, and the refusal of reductions other than
-Average."""
+defaults and checks, the API before the first step, the refusal of reductions other than Average,
+and the warning about a second momentum in the optimizer a face can see."""
 
 from __future__ import annotations
 
 import inspect
 import pydoc
 import re
+import warnings
 from types import SimpleNamespace
 
 import pytest
@@ -108,3 +109,94 @@ def test_only_the_average_reduction_is_accepted():
         message = rf"op=hvd\.{op} cannot be combined .* pass op=hvd\.Average"
         with pytest.raises(ConfigurationError, match=message):
             refuse_reduction_op(getattr(hvd, op), hvd)
+
+
+# --- a second momentum in the optimizer ----------------------------------------------------------------
+def test_a_second_momentum_is_warned_about_once(face):
+    """``_check_optimizer``, which a face calls with what it sees of the optimizer's momentum:
+    one RuntimeWarning naming both fixes, only with the compressor's momentum on, only once."""
+    _, module = face
+    compressor = module.TopK(0.1, momentum=0.9)
+    with pytest.warns(RuntimeWarning, match=r"momentum correction \(momentum=0\.9\).*SGD\(momentum=0\.9\).*"
+                      r"momentum twice.*optimizer without momentum \(momentum=0.*drop the compressor's "
+                      r"momentum"):
+        compressor._check_optimizer("SGD(momentum=0.9)")
+    for quiet in (module.TopK(0.1, momentum=0.9), module.TopK(0.1), module.DGC(0.1, momentum=0)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            compressor._check_optimizer("SGD(momentum=0.9)")   # the same compressor: once
+            quiet._check_optimizer(None if quiet.algorithm.corrections.momentum else "SGD(momentum=0.9)")
+    with pytest.warns(RuntimeWarning, match=r"DGC applies the momentum correction"):
+        module.DGC(0.1)._check_optimizer("Adam(betas=(0.9, 0.999))")   # DGC's momentum is on by default
+
+
+def test_what_counts_as_a_torch_optimizers_momentum():
+    torch = pytest.importorskip("torch")
+    from hvd_sparse.torch.compressor import optimizer_momentum
+
+    params = [torch.nn.Parameter(torch.zeros(2))]
+    assert optimizer_momentum(torch.optim.SGD(params, lr=0.1, momentum=0.9)) == "SGD(momentum=0.9)"
+    assert optimizer_momentum(torch.optim.RMSprop(params, momentum=0.5)) == "RMSprop(momentum=0.5)"
+    assert optimizer_momentum(torch.optim.Adam(params)) == "Adam(betas=(0.9, 0.999))"
+    assert optimizer_momentum(torch.optim.AdamW(params, betas=(0.8, 0.99))) == "AdamW(betas=(0.8, 0.99))"
+    for none in (torch.optim.SGD(params, lr=0.1), torch.optim.Adam(params, betas=(0.0, 0.999)),
+                 torch.optim.RMSprop(params), torch.optim.Adagrad(params), object()):
+        assert optimizer_momentum(none) is None, none
+
+
+def test_the_torch_face_finds_the_optimizer_that_calls_compress():
+    """horovod_internals.calling_optimizer, from a class shaped like Horovod's optimizer (the real
+    one, in real jobs: tests/multiproc/workers/torch_corrections.py)."""
+    torch = pytest.importorskip("torch")
+    hvd = pytest.importorskip("horovod.torch")
+    from hvd_sparse.torch.horovod_internals import calling_optimizer
+
+    class Probe:
+        def compress(self, tensor):
+            self.seen = calling_optimizer(self)
+
+    class Optimizer(torch.optim.SGD):   # what hvd.DistributedOptimizer builds: the wrapped class + these
+        def __init__(self, params, compression):
+            super().__init__(params, lr=0.1, momentum=0.9)
+            self._compression, self.op = compression, hvd.Average
+
+        def _allreduce_grad_async(self, p):
+            return self._compression.compress(p)
+
+    probe = Probe()
+    optimizer = Optimizer([torch.nn.Parameter(torch.zeros(2))], probe)
+    optimizer._allreduce_grad_async(torch.zeros(2))
+    assert probe.seen == (optimizer, hvd.Average)
+    probe.compress(torch.zeros(2))
+    assert probe.seen == (None, None)
+
+
+def test_what_counts_as_a_keras_optimizers_momentum():
+    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("horovod.tensorflow")
+    from hvd_sparse.tensorflow.keras import keras_is_legacy, optimizer_momentum
+
+    optimizers = tf.keras.optimizers
+    assert optimizer_momentum(optimizers.SGD(0.1, momentum=0.9)) == "SGD(momentum=0.9)"
+    assert optimizer_momentum(optimizers.Adam()) == "Adam(beta_1=0.9)"
+    assert optimizer_momentum(optimizers.RMSprop(momentum=0.5)) == "RMSprop(momentum=0.5)"
+    for none in (optimizers.SGD(0.1), optimizers.Adam(beta_1=0.0), optimizers.Adagrad(), object()):
+        assert optimizer_momentum(none) is None, none
+    if keras_is_legacy():   # Keras 2's legacy optimizers keep their hyper-parameters as variables
+        assert optimizer_momentum(optimizers.legacy.SGD(0.1, momentum=0.9)) == "SGD(momentum=0.9)"
+
+
+def test_the_keras_wrapper_warns_about_a_second_momentum_when_built():
+    tf = pytest.importorskip("tensorflow")
+    pytest.importorskip("horovod.tensorflow")
+    import hvd_sparse.tensorflow as hs
+    from hvd_sparse.tensorflow import keras
+
+    if not keras.keras_is_legacy():
+        pytest.skip("Horovod's Keras optimizer needs tf-keras (TF_USE_LEGACY_KERAS=1)")
+    with pytest.warns(RuntimeWarning, match=r"Adam\(beta_1=0\.9\).*momentum twice"):
+        keras.DistributedOptimizer(tf.keras.optimizers.Adam(), hs.TopK(0.1, momentum=0.9))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), hs.TopK(0.1, momentum=0.9))
+        keras.DistributedOptimizer(tf.keras.optimizers.Adam(), hs.TopK(0.1))

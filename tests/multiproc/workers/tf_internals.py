@@ -1,7 +1,8 @@
 """Worker: what hvd_sparse/tensorflow/horovod_internals.py reads from Horovod, seen in a real job.
 
-A probe compressor records, inside ``compress``, the op ``calling_allreduce_op`` reads and whether
-``called_from_horovod_keras`` sees Horovod's Keras optimizer, for every way Horovod calls it
+A probe compressor records, inside ``compress``, the op ``calling_allreduce_op`` reads, whether
+``called_from_horovod_keras`` sees Horovod's Keras optimizer and the momentum of the optimizer
+``calling_keras_optimizer`` finds (none outside Keras), for every way Horovod calls it
 (``allreduce``, ``grouped_allreduce``, ``DistributedGradientTape`` traced in ``tf.function``,
 eager ``allreduce``, the Keras optimizer in ``model.fit``) and every reduction; each must be
 exactly the one given. Then ``hs.TopK`` must be refused under Adasum and other ops. Run by
@@ -19,7 +20,12 @@ from checks import check_op_refused
 from horovod.tensorflow.compression import Compressor
 
 import hvd_sparse.tensorflow as hs
-from hvd_sparse.tensorflow.horovod_internals import called_from_horovod_keras, calling_allreduce_op
+from hvd_sparse.tensorflow.horovod_internals import (
+    called_from_horovod_keras,
+    calling_allreduce_op,
+    calling_keras_optimizer,
+)
+from hvd_sparse.tensorflow.keras import optimizer_momentum
 
 OPS = {"Average": hvd.Average, "Sum": hvd.Sum, "Min": hvd.Min, "Max": hvd.Max, "Product": hvd.Product,
        "Adasum": hvd.Adasum}
@@ -38,7 +44,9 @@ class Probe(Compressor):
 
     @tf.autograph.experimental.do_not_convert   # as hvd_sparse's compressor
     def compress(self, tensor):
-        self.seen.append((calling_allreduce_op(self), called_from_horovod_keras()))
+        optimizer = calling_keras_optimizer()
+        self.seen.append((calling_allreduce_op(self), called_from_horovod_keras(),
+                          None if optimizer is None else optimizer_momentum(optimizer)))
         if self.stop:
             raise ProbeStopError
         return tensor, None
@@ -78,7 +86,7 @@ def keras_fit(compression) -> None:
     import horovod.tensorflow.keras as hvd_keras
 
     model = tf.keras.Sequential([tf.keras.Input((4,)), tf.keras.layers.Dense(1)])
-    model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1),
+    model.compile(optimizer=hvd_keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1, momentum=0.5),
                                                            compression=compression), loss="mse")
     model.fit(np.ones((4, 4), np.float32), np.ones((4, 1), np.float32), batch_size=4, epochs=1, verbose=0)
 
@@ -97,13 +105,14 @@ def main() -> None:
             compression = Probe()
             with contextlib.suppress(ProbeStopError):
                 run(compression, op)
-            check(f"probe/{kind}/{name}", compression, [(op, False)])
+            check(f"probe/{kind}/{name}", compression, [(op, False, None)])
     compression = Probe(stop=False)
     hvd.allreduce(tf.ones([4]), op=hvd.Sum, compression=compression, name="probe.eager")
-    check("probe/eager/Sum", compression, [(hvd.Sum, False)])
+    check("probe/eager/Sum", compression, [(hvd.Sum, False, None)])
     compression = Probe(stop=False)
     keras_fit(compression)
-    assert compression.seen and set(compression.seen) == {(hvd.Average, True)}, compression.seen
+    assert compression.seen and set(compression.seen) == {(hvd.Average, True, "SGD(momentum=0.5)")}, \
+        compression.seen
     print(f"CHECKED tf/probe/keras rank={hvd.rank()}", flush=True)
     refused("refused/tape-adasum", traced_tape, hvd.Adasum)
     refused("refused/tape-sum", traced_tape, hvd.Sum)
