@@ -2,8 +2,10 @@
 2 -> 3 ranks, a worker killed with SIGKILL (3 -> 2, rolled back to the last commit) and 2 -> 1
 ranks (workers/elastic_common.py has the schedule). Every step on every rank checks identical
 weights, stats() at the new N, identical step counters and, for the exclusive methods, no build-up
-(union = sum of counts); the final losses are compared with an uninterrupted 2-rank run of the same
-steps, and the residual norms of the ranks that left are reported."""
+(union = sum of counts); with the momentum correction (PyTorch's "topk-momentum"), every process
+checks its residual and velocity went on exactly from its last commit; the final losses are
+compared with an uninterrupted 2-rank run of the same steps, and the residual norms of the ranks
+that left are reported."""
 
 from __future__ import annotations
 
@@ -35,6 +37,7 @@ def elastic_run(worker: str, directory: Path, static: bool, timeout: float, *opt
     output = result.stdout + result.stderr
     tail = "\n".join(line for line in output.splitlines() if "I0000" not in line)[-5000:]
     assert result.returncode == 0, f"elastic job failed (exit {result.returncode}):\n{tail}"
+    (directory / "stdout").write_text(result.stdout)
     return result.stdout
 
 
@@ -50,7 +53,7 @@ def finals(stdout: str) -> dict[str, dict]:
 
 
 def check_elastic_job(worker: str, methods: tuple[str, ...], tmp_path: Path, timeout: float,
-                      loss_ratio: float = 1.25) -> None:
+                      loss_ratio: float = 1.25, loss_ratios: dict[str, float] | None = None) -> None:
     (tmp_path / "elastic").mkdir()
     (tmp_path / "static").mkdir()
     elastic = elastic_run(worker, tmp_path / "elastic", False, timeout)
@@ -69,13 +72,26 @@ def check_elastic_job(worker: str, methods: tuple[str, ...], tmp_path: Path, tim
         assert final["step"] == reference["step"] == 32 and final["size"] == 1 and final["resets"] == 3
         assert final["departed"] in ("0", "1") and final["norm"] > 0   # the rank removed at 2 -> 1
         assert reference["loss"] < 0.5 * 1.386   # both runs learned (chance: ln 4)
-        assert final["loss"] < loss_ratio * reference["loss"], (method, final, reference)
+        bound = (loss_ratios or {}).get(method, loss_ratio)
+        assert final["loss"] < bound * reference["loss"], (method, final, reference)
 
 
 @pytest.mark.timeout(900)
 def test_torch_elastic_every_whole_model_and_per_tensor_method(tmp_path):
-    check_elastic_job("torch_elastic.py", ("exdyna", "exdyna-histogram", "deft", "lags", "topk"), tmp_path,
-                      timeout=420)
+    methods = ("exdyna", "exdyna-histogram", "deft", "lags", "topk-momentum", "topk")
+    # With the momentum correction the residual holds accumulated velocity, several times the
+    # others' unsent mass: the ranks that leave take more with them (departed_residual_norm 8.9
+    # against 1.2-2.1 for the others in one run, whose final loss was 1.42x the static run's; the
+    # exactness of what the survivors keep is checked at every step instead).
+    check_elastic_job("torch_elastic.py", methods, tmp_path, timeout=420, loss_ratios={"topk-momentum": 1.75})
+    # The momentum correction's velocity went on from each survivor's last commit at every reset
+    # (checked exactly by the worker at every step): the newcomer at 3 ranks started from
+    # nothing, every other process of the job after a reset from its commit.
+    elastic = (tmp_path / "elastic" / "stdout").read_text()
+    continued = re.findall(r"CONTINUED topk-momentum size=(\d) step=(\d+) rank=\d from=(.+)", elastic)
+    assert ("3", "8", "nothing") in continued, continued
+    for size, step in (("3", "8"), ("2", "15"), ("1", "24")):
+        assert (size, step, "its last commit") in continued, (size, step, continued)
 
 
 @pytest.mark.timeout(900)
