@@ -75,7 +75,8 @@ class Bucket:
     nonfinite_steps: int = 0
     sent: tuple | None = None       # (indices, values) of the last step, for take_back
     momentum: Any = None            # the momentum correction's velocity u (None: not started)
-    momentum_before: Any = None     # u before the last step (nonfinite="raise": for take_back)
+    momentum_unmasked: Any = None   # u of the last step before masking (nonfinite="raise": for
+                                    # take_back)
     dense: bool = False             # every tensor under ``dense_below``: always averaged densely
 
 
@@ -141,7 +142,7 @@ class Engine:
         if all(self.backend.numel(t) == 0 for t in tensors):
             return list(tensors)
         bucket = self._bucket(key, tensors)
-        bucket.sent = None
+        bucket.sent = bucket.momentum_unmasked = None
         if check_layout and not self._agreed & {key, "*"} and self.size > 1:
             yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
         self._agreed.add(key)
@@ -177,8 +178,6 @@ class Engine:
         b, check, control = self.backend, self.nonfinite != "ignore", bucket.control
         if method is not self.algorithm:
             control = None
-        if ctx.momentum is not None and self.nonfinite == "raise":   # for take_back
-            bucket.momentum_before = b.copy(ctx.momentum.buffer)
         started = time.perf_counter()
         fused = method.accumulate_select(bucket.residual, tensors, control, ctx,
                                          self.write_into_inputs, check)
@@ -228,12 +227,11 @@ class Engine:
                        method: Algorithm, ctx: StepContext) -> None:
         """Step 4: what was not sent becomes the residual, and the momentum correction's velocity
         is cleared where the residual was (factor masking) -- unless, under nonfinite="raise", a
-        non-finite value came back: then every rank raises and keeps all of g + e, and u as it
-        was before the step."""
+        non-finite value came back: then every rank raises and keeps all it accumulated (g + e;
+        with momentum e + u', u' unmasked: as if nothing had been sent)."""
         if self.nonfinite == "raise" and not self.backend.all_finite(out.received):
             if picked.finite:  # nothing of the step is applied: the residual keeps all of g + e
                 bucket.residual = self._put_back(out.residual, out.sent_at, out.values)
-                self._restore_momentum(bucket)
             raise FloatingPointError(
                 f"hvd_sparse: non-finite gradient in {bucket.key!r} at step {bucket.step} on at least one "
                 "rank (raised on every rank; this step was applied nowhere and every rank keeps its "
@@ -244,6 +242,8 @@ class Engine:
         if picked.finite:
             bucket.residual = out.residual
             if self._masks_momentum(bucket, method, ctx):
+                if self.nonfinite == "raise":   # what take_back restores
+                    bucket.momentum_unmasked = self.backend.copy(bucket.momentum)
                 bucket.momentum = self.backend.zero_at(bucket.momentum, out.sent_at)
         keep = picked.finite and self.nonfinite == "raise"
         bucket.sent = (out.sent_at, out.values) if keep else None
@@ -254,9 +254,10 @@ class Engine:
         return (ctx.momentum is not None and self.algorithm.corrections.momentum_masking
                 and method is self.algorithm and method.masks_momentum(bucket.control, ctx))
 
-    def _restore_momentum(self, bucket: Bucket) -> None:
-        if bucket.momentum_before is not None:
-            bucket.momentum, bucket.momentum_before = bucket.momentum_before, None
+    def _unmask_momentum(self, bucket: Bucket) -> None:
+        """Undo the factor masking of the last step (take_back: nothing of it was sent)."""
+        if bucket.momentum_unmasked is not None:
+            bucket.momentum, bucket.momentum_unmasked = bucket.momentum_unmasked, None
 
     def _observe(self, bucket: Bucket, picked: Selection, out: patterns.Exchanged,
                  method: Algorithm, ctx: StepContext) -> None:
@@ -369,7 +370,7 @@ class Engine:
                 bucket.residual = self._put_back(bucket.residual, *bucket.sent)
                 bucket.sent = None
                 bucket.step -= 1
-                self._restore_momentum(bucket)
+                self._unmask_momentum(bucket)
 
     def _put_back(self, residual: Any, idx: Any, values: Any) -> Any:
         """The residual with the values sent at idx added back (exact: with a lower transport

@@ -16,8 +16,9 @@ with eager collectives, merged LAGS groups as phased graphs (or in one py_functi
   function and compressor applies bit for bit the same gradients;
 * ``nonfinite/exdyna``: ``nonfinite="raise"`` with a NaN in the last bias (the ``dense_below``
   bucket, which runs after the model's) on rank 1: every rank raises, the model bucket takes its
-  finished step back, and both buckets' velocities and step counters are as before
-  (``check_raised``); training goes on to identical weights;
+  finished step back, both buckets' step counters are as before, and their residuals and
+  velocities hold all they accumulated, unmasked (``check_raised``); training goes on to
+  identical weights;
 * ``warning``: Horovod's Keras optimizer with momentum under a compressor with momentum warns
   once (seen while Keras traces its train function), as does
   ``hvd_sparse.tensorflow.keras.DistributedOptimizer`` with Adam; an optimizer without momentum

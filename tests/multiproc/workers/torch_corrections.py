@@ -15,9 +15,10 @@ gather, union and shared patterns and the tensor, model and LAGS group scopes. T
   resumed by a new model, optimizer and compressor at the same world size applies bit for bit
   the same gradients and ends with the same residuals and velocities;
 * ``nonfinite/<config>``: ``nonfinite="raise"`` with a NaN in one tensor on rank 1: every rank
-  raises, and every bucket (those that finished their step included) has its velocity and step
-  counter back as before the step, and its residual as before (rank 1's poisoned bucket) or
-  holding all it accumulated (nothing sent); training goes on to identical weights;
+  raises, and every bucket (those that finished their step included) has its step counter back
+  as before the step, and its residual and velocity as before (rank 1's poisoned bucket) or
+  holding all it accumulated, the velocity unmasked (nothing sent); training goes on to identical
+  weights;
 * ``warning``: an optimizer with momentum under a compressor with momentum warns once, and one
   without momentum (or a compressor without) does not.
 

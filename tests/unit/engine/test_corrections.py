@@ -137,7 +137,9 @@ def test_nonfinite_skip_keeps_residual_and_momentum_bit_for_bit():
     np.testing.assert_array_equal(engines[1].buckets["model"].momentum, kept[1])
 
 
-def test_nonfinite_raise_restores_the_momentum_on_every_rank():
+def test_nonfinite_raise_keeps_everything_accumulated_as_if_nothing_was_sent():
+    """Every rank raises; a finite rank keeps e + u' in its residual and u' unmasked as its
+    velocity (the step's gradient stays in both, once); the NaN rank keeps e and u."""
     algorithm = method("topk", momentum=0.9, scope="model")
     rng = np.random.default_rng(4)
     engines = [Engine(copy.deepcopy(algorithm), NP, r, 2, nonfinite="raise") for r in range(2)]
@@ -146,11 +148,31 @@ def test_nonfinite_raise_restores_the_momentum_on_every_rank():
     kept = [(e.buckets["model"].residual.copy(), e.buckets["model"].momentum.copy()) for e in engines]
     grads = grads_for(rng, 2, 1)
     grads[0][2][0, 0] = np.inf
+    raw = flat(grads[1])
     with pytest.raises(FloatingPointError):
         group.run([e.step("model", grads[r]) for r, e in enumerate(engines)])
-    for e, (_, momentum) in zip(engines, kept, strict=True):
-        np.testing.assert_array_equal(e.buckets["model"].momentum, momentum)
-        assert e.buckets["model"].step == 1
+    np.testing.assert_array_equal(engines[0].buckets["model"].residual, kept[0][0])
+    np.testing.assert_array_equal(engines[0].buckets["model"].momentum, kept[0][1])
+    u_new = np.float32(0.9) * kept[1][1] + raw
+    np.testing.assert_array_equal(engines[1].buckets["model"].momentum, u_new)
+    np.testing.assert_array_equal(engines[1].buckets["model"].residual, kept[1][0] + u_new)
+    assert all(e.buckets["model"].step == 1 for e in engines)
+
+
+def test_take_back_unmasks_the_velocity_of_a_bucket_that_finished():
+    algorithm = method("topk", momentum=0.9)   # per tensor: four buckets
+    rng = np.random.default_rng(5)
+    engines = [Engine(copy.deepcopy(algorithm), NP, r, 2, nonfinite="raise") for r in range(2)]
+    group = LocalGroup(2, NP)
+    grads = grads_for(rng, 2, 0)
+    group.run([e.step("p0", [grads[r][0]]) for r, e in enumerate(engines)])
+    u_new = np.float32(0.9) * 0 + grads[0][0].reshape(-1)
+    assert not np.array_equal(engines[0].buckets["p0"].momentum, u_new)   # masked
+    for e in engines:
+        e.take_back(["p0"])
+    np.testing.assert_array_equal(engines[0].buckets["p0"].momentum, u_new)
+    np.testing.assert_array_equal(engines[0].buckets["p0"].residual, u_new)
+    assert engines[0].buckets["p0"].step == 0
 
 
 # --- dense steps and warm-up ---------------------------------------------------------------------------
