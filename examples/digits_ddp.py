@@ -51,7 +51,9 @@ def main() -> None:
                               named_parameters=model.named_parameters())
     wrapped = DistributedDataParallel(model)              # broadcasts rank 0's weights
     wrapped.register_comm_hook(state, ddp.hook)
-    optimizer = torch.optim.SGD(wrapped.parameters(), lr=args.lr * size, momentum=0.9)
+    # A compressor with a momentum correction (DGC's by default) holds the momentum itself.
+    momentum = 0.0 if state.algorithm.corrections.momentum else 0.9
+    optimizer = torch.optim.SGD(wrapped.parameters(), lr=args.lr * size, momentum=momentum)
     if rank == 0:
         print(f"{size} ranks, {numel} parameters, {state!r}", flush=True)
 

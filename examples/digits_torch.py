@@ -46,8 +46,10 @@ def main() -> None:
     numel = sum(p.numel() for _, p in named)
     compression = hvd_sparse.create(args.method, framework="torch", density=args.density,
                                     named_parameters=named)
+    # A compressor with a momentum correction (DGC's by default) holds the momentum itself.
+    momentum = 0.0 if compression.algorithm.corrections.momentum else 0.9
     optimizer = hvd.DistributedOptimizer(
-        torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=0.9),
+        torch.optim.SGD(model.parameters(), lr=args.lr * hvd.size(), momentum=momentum),
         named_parameters=named, compression=compression)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     if hvd.rank() == 0:
