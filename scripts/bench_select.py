@@ -30,6 +30,16 @@ per kernel mode, each in a fresh process (peak RSS only rises).
         --no-tensorflow --out-dir /tmp/select   # a few methods at one size, kernels on and off
 
 ExDyna's memory overhead is measured only when ExDyna is among the methods.
+
+With ``--momentum 0.9`` (``--nesterov``) every method runs with the momentum correction
+(algorithms/corrections.py), whose accumulation reads and writes the velocity u too; each step is
+then also divided by that path's floor, timed beside the other before every step: one pass that
+reads u, g and e and writes u and e (``u = 0.9·u + g; e += u``; the native one-pass kernel of
+kernels/cpu/momentum.cpp, the Triton one on a GPU), reported as ``over_momentum_floor``, which the
+targets of such a run judge:
+
+    python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on off \
+        --methods exdyna micro --momentum 0.9 --no-tensorflow --out-dir bench/select-momentum
 """
 
 from __future__ import annotations
@@ -82,6 +92,37 @@ class Floor:
         return time.perf_counter() - started
 
 
+class MomentumFloor:
+    """The floor of the momentum correction's accumulation: one pass over n floats that reads u, g
+    and e and writes u and e (``u = m·u + g; e += u``), timed once per call. The one-pass kernel
+    of the device is called directly (kernels/cpu/momentum.cpp, or the Triton accumulation), in
+    any kernel mode; where it cannot load, torch's three ops stand in (``kind`` says which)."""
+
+    def __init__(self, n: int, device: str, factor: float = 0.9, nesterov: bool = False):
+        self.g, self.u, self.e = (torch.randn(n, device=device) * 1e-3 for _ in range(3))
+        self.device, self.factor, self.nesterov = device, factor, nesterov
+        self.kernel, self.kind = None, "torch's u.mul_(m).add_(g) and e.add_(u): three passes, not one"
+        try:
+            if device == "cuda":
+                from hvd_sparse.kernels.triton import momentum_accumulate
+                self.kind = "the Triton kernel, kernels/triton/accumulate.py"
+            else:
+                from hvd_sparse.kernels.cpu import momentum_accumulate
+                self.kind = "the native kernel, kernels/cpu/momentum.cpp"
+            self.kernel = momentum_accumulate
+        except (ImportError, OSError, RuntimeError) as error:   # KernelUnavailable is a RuntimeError
+            print(f"momentum floor: the one-pass kernel cannot load ({error}); {self.kind}", flush=True)
+
+    def seconds(self) -> float:
+        sync(self.device)
+        started = time.perf_counter()
+        if self.kernel is None or not self.kernel(self.e, self.u, [self.g], self.factor, self.nesterov):
+            self.u.mul_(self.factor).add_(self.g)
+            self.e.add_(self.u)
+        sync(self.device)
+        return time.perf_counter() - started
+
+
 def gradients(n: int, size: int, device: str, seed: int = 0) -> list[torch.Tensor]:
     """Heavy tails and 64 "layers" of different scale, like real gradients; the same for the same
     seed (so kernels on, off and TensorFlow see the same data and make the same decisions)."""
@@ -92,23 +133,36 @@ def gradients(n: int, size: int, device: str, seed: int = 0) -> list[torch.Tenso
                 for _ in range(size)]
 
 
+def options_for(method: str, momentum: float = 0.0, nesterov: bool = False) -> dict:
+    """The method's options in this benchmark, with the momentum correction when asked."""
+    options = dict(OPTIONS.get(method, {}))
+    if momentum:   # without: every method as it is (DGC keeps its own default, 0.9)
+        options.update(momentum=momentum, nesterov=nesterov)
+    return options
+
+
 def method_seconds(method: str, n: int, size: int, density: float, repeats: int, device: str,
-                   framework: str = "torch", floor: Floor | None = None) -> dict:
+                   framework: str = "torch", floor: Floor | None = None,
+                   momentum_floor: MomentumFloor | None = None, momentum: float = 0.0,
+                   nesterov: bool = False) -> dict:
     """Median per-rank step; ``framework="tensorflow"``: the TF backend on the same gradients
     (immutable tensors, so nothing is written into the inputs). ``over_floor``: the median over
     steps of the step over the floor timed just before it (paired, so that a machine whose load
-    drifts during the run still compares like with like)."""
+    drifts during the run still compares like with like); with ``momentum_floor``, also
+    ``over_momentum_floor``, the step over that floor timed just before it too."""
     floor = floor or Floor(n, device)
     backend = get_backend(framework)
-    algorithm = hvd_sparse.create(method, density=density, **OPTIONS.get(method, {}))
+    algorithm = hvd_sparse.create(method, density=density, **options_for(method, momentum, nesterov))
     torch_face = framework == "torch"
     engines = [Engine(algorithm, backend, rank, size, write_into_inputs=torch_face) for rank in range(size)]
     group = LocalGroup(size, backend)
     grads = gradients(n, size, device)
     inputs = [g.clone() for g in grads] if torch_face else [backend.from_numpy(g.numpy()) for g in grads]
     per_step, densities, selecting, ratios, floors = [], [], [], [], []
+    momentum_ratios, momentum_floors = [], []
     for step in range(repeats + WARMUP):
         floor_step = floor.seconds()
+        momentum_step = momentum_floor.seconds() if momentum_floor is not None else None
         for g, x in zip(grads, inputs, strict=True) if torch_face else ():
             x.copy_(g)   # the engine writes the average into x
         sync(device)
@@ -119,24 +173,34 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
             per_step.append(statistics.median(group.seconds))
             ratios.append(per_step[-1] / floor_step)
             floors.append(floor_step)
+            if momentum_step is not None:
+                momentum_ratios.append(per_step[-1] / momentum_step)
+                momentum_floors.append(momentum_step)
             stats = engines[0].stats()
             densities.append(stats["density_actual"])
             selecting.append(stats["select_seconds"])
-    return {"seconds": statistics.median(per_step), "spread": [min(per_step), max(per_step)],
-            "select_seconds": statistics.median(selecting), "density": float(np.mean(densities)),
-            "over_floor": statistics.median(ratios), "floor_seconds": statistics.median(floors)}
+    out = {"seconds": statistics.median(per_step), "spread": [min(per_step), max(per_step)],
+           "select_seconds": statistics.median(selecting), "density": float(np.mean(densities)),
+           "over_floor": statistics.median(ratios), "floor_seconds": statistics.median(floors)}
+    if momentum_ratios:
+        out.update(over_momentum_floor=statistics.median(momentum_ratios),
+                   momentum_floor_seconds=statistics.median(momentum_floors))
+    return out
 
 
-def memory_overhead(n: int, size: int, density: float, device: str, kernels: str = "on") -> float | None:
-    """Peak memory ExDyna's engines add (residuals and temporaries), per rank, in fp32 copies of
-    the model: CPU from the process's peak RSS during the steps over its RSS before them (Linux;
-    see ``start_peak_rss``), GPU from the allocator; in a fresh process."""
+def memory_overhead(n: int, size: int, density: float, device: str, kernels: str = "on",
+                    options: dict | None = None) -> float | None:
+    """Peak memory ExDyna's engines add (residuals and temporaries; the velocity too with the
+    momentum correction), per rank, in fp32 copies of the model: CPU from the process's peak RSS
+    during the steps over its RSS before them (Linux; see ``start_peak_rss``), GPU from the
+    allocator; in a fresh process."""
     context = multiprocessing.get_context("spawn")
     with context.Pool(1) as pool:
-        return pool.apply(_memory_overhead, (n, size, density, device, kernels))
+        return pool.apply(_memory_overhead, (n, size, density, device, kernels, options))
 
 
-def _memory_overhead(n: int, size: int, density: float, device: str, kernels: str) -> float | None:
+def _memory_overhead(n: int, size: int, density: float, device: str, kernels: str,
+                     options: dict | None = None) -> float | None:
     torch.set_num_threads(1)
     hvd_sparse.set_kernels(KERNEL_MODES[kernels])
     if device == "cuda":
@@ -144,7 +208,7 @@ def _memory_overhead(n: int, size: int, density: float, device: str, kernels: st
     grads = gradients(n, size, device)
     inputs = [g.clone() for g in grads]
     before = torch.cuda.max_memory_allocated() if device == "cuda" else start_peak_rss()
-    algorithm = hvd_sparse.create("exdyna", density=density, **OPTIONS["exdyna"])
+    algorithm = hvd_sparse.create("exdyna", density=density, **(options or OPTIONS["exdyna"]))
     engines = [Engine(algorithm, get_backend("torch"), r, size, write_into_inputs=True) for r in range(size)]
     group = LocalGroup(size, get_backend("torch"))
     for _ in range(5):
@@ -186,10 +250,11 @@ def _status_bytes(field: str) -> int:
 SELECTED_SHARE = {"threshold": 1.0}
 
 
-def fits(n: int, size: int, device: str, method: str | None = None) -> bool:
-    """Gradients, inputs and residuals of every simulated rank (about 3 vectors each), and the
-    indices every rank gathers from every rank (8 bytes each)."""
-    need = 3 * 4 * n * size * 1.3 + 8 * n * size * size * SELECTED_SHARE.get(method, 0.02)
+def fits(n: int, size: int, device: str, method: str | None = None, momentum: bool = False) -> bool:
+    """Gradients, inputs and residuals of every simulated rank (about 3 vectors each, 4 with the
+    momentum correction's velocity), and the indices every rank gathers from every rank (8 bytes
+    each)."""
+    need = (3 + momentum) * 4 * n * size * 1.3 + 8 * n * size * size * SELECTED_SHARE.get(method, 0.02)
     if device == "cuda":
         return need < torch.cuda.get_device_properties(0).total_memory * 0.8
     return need < os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_AVPHYS_PAGES") * 0.7
@@ -200,34 +265,50 @@ def measure(methods: list[str], n: int, size: int, args, tensorflow: bool = Fals
     own; every mode's under "kernels"), and with ``tensorflow`` the TF backend's figures. The
     row's floor: the median of the floors timed before the steps."""
     floor = Floor(n, args.device)
+    momentum_floor = MomentumFloor(n, args.device, args.momentum, args.nesterov) if args.momentum else None
+    timing = {"momentum_floor": momentum_floor, "momentum": args.momentum, "nesterov": args.nesterov}
     row = {"n": n, "world_size": size, "methods": {}, "tensorflow": {}}
+    if momentum_floor is not None:
+        row["momentum_floor_kind"] = momentum_floor.kind
     for method in methods:
-        if not fits(n, size, args.device, method):
+        if not fits(n, size, args.device, method, bool(args.momentum)):
             print(f"n={n:>11,} N={size:<4} {method:<10} skipped, does not fit in memory", flush=True)
             continue
         by_mode = {}
         for mode in args.kernels:
             hvd_sparse.set_kernels(KERNEL_MODES[mode])
             by_mode[mode] = method_seconds(method, n, size, args.density, args.repeats, args.device,
-                                           floor=floor)
+                                           floor=floor, **timing)
         row["methods"][method] = {**by_mode[args.kernels[0]], "kernels": by_mode}
         if tensorflow and method in TF_METHODS:
             row["tensorflow"][method] = method_seconds(method, n, size, args.density, args.repeats,
-                                                       args.device, framework="tensorflow", floor=floor)
+                                                       args.device, framework="tensorflow", floor=floor,
+                                                       **timing)
     hvd_sparse.set_kernels("auto")
     paired = [f["floor_seconds"] for m in row["methods"].values() for f in m["kernels"].values()]
     row["floor_seconds"] = statistics.median(paired + [f["floor_seconds"] for f in row["tensorflow"].values()]
                                              or [floor.seconds()])
+    if momentum_floor is not None:
+        row["momentum_floor_seconds"] = statistics.median(
+            [f["momentum_floor_seconds"] for m in [*row["methods"].values(), *row["tensorflow"].values()]
+             for f in m.get("kernels", {"-": m}).values()] or [momentum_floor.seconds()])
     topk = row["methods"].get("topk", {}).get("seconds")
     for method, m in row["methods"].items():
         m["over_topk"] = m["seconds"] / topk if topk else None
         for mode, figures in m["kernels"].items():
             print(f"n={n:>11,} N={size:<4} {method:<10} kernels {mode:<3} {figures['seconds'] * 1e3:9.2f} ms"
-                  f"  x floor {figures['over_floor']:7.2f}  density {figures['density']:.5f}", flush=True)
+                  f"  x floor {figures['over_floor']:7.2f}{_momentum_ratio(figures)}"
+                  f"  density {figures['density']:.5f}", flush=True)
     for method, figures in row["tensorflow"].items():
         print(f"n={n:>11,} N={size:<4} {method:<10} tensorflow  {figures['seconds'] * 1e3:9.2f} ms"
-              f"  x floor {figures['over_floor']:7.2f}  density {figures['density']:.5f}", flush=True)
+              f"  x floor {figures['over_floor']:7.2f}{_momentum_ratio(figures)}"
+              f"  density {figures['density']:.5f}", flush=True)
     return row
+
+
+def _momentum_ratio(figures: dict) -> str:
+    ratio = figures.get("over_momentum_floor")
+    return "" if ratio is None else f"  x momentum floor {ratio:7.2f}"
 
 
 # The issue's targets on these measurements (scripts/report.py collects them): per-rank step over
@@ -236,6 +317,10 @@ FLOOR_RATIO_MAX = {"exdyna": 1.3, "micro": 1.3, "topk": 4.0, "lags": 4.0, "deft"
                    "gaussiank": 5.0}
 TARGET_SIZES = (25_000_000, 100_000_000)
 COPIES_MAX = 2.0           # ExDyna's memory overhead, fp32 copies of the model per rank (kernels on)
+# With the momentum correction (a --momentum run): the step over that path's own floor, one pass
+# reading u, g, e and writing u, e (issue 18, point 4).
+MOMENTUM_FLOOR_RATIO_MAX = {"exdyna": 1.3, "micro": 1.3}
+MOMENTUM_FLOOR = "the momentum floor (one pass reading u, g, e, writing u, e)"
 
 
 def kernel_figures(m: dict, mode: str) -> dict:
@@ -245,27 +330,35 @@ def kernel_figures(m: dict, mode: str) -> dict:
 
 
 def judge(result: dict) -> list[dict]:
-    """Each target met or not, with the figures behind it."""
+    """Each target met or not, with the figures behind it. A run with the momentum correction
+    (``result["momentum"]``) is judged on its own floor, ExDyna and MiCRO only."""
     targets = []
+    momentum = result.get("momentum")
+    limits, ratio, floor = ((MOMENTUM_FLOOR_RATIO_MAX, "over_momentum_floor", "momentum_floor_seconds")
+                            if momentum else (FLOOR_RATIO_MAX, "over_floor", "floor_seconds"))
+    name = MOMENTUM_FLOOR if momentum else "the floor (`a = g + e`)"
+    setting = ""
+    if momentum:
+        setting = f", momentum={momentum:g}" + (" (Nesterov)" if result.get("nesterov") else "")
     for r in result["sizes"]:
         if r["world_size"] != 4 or r["n"] not in TARGET_SIZES:
             continue
-        for method, limit in FLOOR_RATIO_MAX.items():
+        for method, limit in limits.items():
             on = kernel_figures(r["methods"].get(method, {}), "on")
-            if not on:
+            if not on or ratio not in on:
                 continue
             off = kernel_figures(r["methods"][method], "off")
             targets.append({
-                "target": f"{method} per-rank step ≤ {limit}× the floor (`a = g + e`) at N = 4, "
-                          f"{r['n'] / 1e6:g}M elements, kernels on",
-                "met": on["over_floor"] <= limit,
-                "figure": f"{on['over_floor']:.2f}× ({on['seconds'] * 1e3:.1f} ms vs "
-                          f"{r['floor_seconds'] * 1e3:.1f} ms)"
-                          + (f"; kernels off {off['over_floor']:.2f}×" if off else "")})
+                "target": f"{method} per-rank step ≤ {limit}× {name} at N = 4, "
+                          f"{r['n'] / 1e6:g}M elements, kernels on{setting}",
+                "met": on[ratio] <= limit,
+                "figure": f"{on[ratio]:.2f}× ({on['seconds'] * 1e3:.1f} ms vs "
+                          f"{r[floor] * 1e3:.1f} ms)"
+                          + (f"; kernels off {off[ratio]:.2f}×" if off and ratio in off else "")})
     # No target on ExDyna's selection time alone: it accumulates and selects in one op (kernels on
     # or off), so its selection is no longer a separate cost that falls with 1/N; the step is.
     copies = result.get("memory_copies_per_rank")
-    if copies is not None:
+    if copies is not None and not momentum:   # with momentum: reported (the velocity adds a copy)
         off = result.get("memory_copies_by_kernels", {}).get("off")
         largest = max((r["n"] for r in result["sizes"]), default=None)
         at = f" at {largest / 1e6:g}M elements" if largest else ""
@@ -277,10 +370,14 @@ def judge(result: dict) -> list[dict]:
 
 
 def cell(figures: dict, digits: int, selection: bool = False) -> str:
-    """"ms (x floor)" of one measurement, with " / selection ms"; "-" where not measured."""
+    """"ms (x floor)" of one measurement ("ms (x floor; x momentum floor)" in a momentum run),
+    with " / selection ms"; "-" where not measured."""
     if not figures:
         return "-"
-    text = f"{figures['seconds'] * 1e3:.{digits}f} ({figures['over_floor']:.{digits}f}x)"
+    momentum = figures.get("over_momentum_floor")
+    ratios = f"{figures['over_floor']:.{digits}f}x"
+    ratios += "" if momentum is None else f"; {momentum:.{digits}f}x"
+    text = f"{figures['seconds'] * 1e3:.{digits}f} ({ratios})"
     return text + (f" / {figures['select_seconds'] * 1e3:.1f}" if selection else "")
 
 
@@ -296,6 +393,15 @@ def write_report(result: dict, out_dir: Path) -> None:
     lines.append("| method | " + " | ".join(f"n = {r['n']:,}" for r in rows) + " |")
     lines.append("|---|" + "---|" * len(rows))
     lines.append("| floor | " + " | ".join(f"{r['floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
+    momentum = result.get("momentum")
+    if momentum:
+        kind = rows[0].get("momentum_floor_kind", "") if rows else ""
+        lines.insert(1, f"Every method with the momentum correction, momentum={momentum:g}"
+                     + (" (Nesterov)" if result.get("nesterov") else "") + "; the second ratio is over "
+                     f"the momentum floor, one pass that reads u, g, e and writes u, e (here {kind}), timed "
+                     "beside the other before every step.")
+        lines.append("| momentum floor | " + " | ".join(f"{r['momentum_floor_seconds'] * 1e3:.2f}"
+                                                      for r in rows) + " |")
     modes = result.get("kernels", ["off"])   # runs from before the kernels: the reference ops
     for method in result["methods"]:
         for mode in modes:
@@ -304,7 +410,8 @@ def write_report(result: dict, out_dir: Path) -> None:
         if any(method in r.get("tensorflow", {}) for r in rows):
             cells = [cell(r.get("tensorflow", {}).get(method, {}), 1) for r in rows]
             lines.append(f"| {method}, TensorFlow | " + " | ".join(cells) + " |")
-    lines += ["", f"At N = {size}; in parentheses: x floor. Kernels on: hvd_sparse.set_kernels(\"auto\") "
+    lines += ["", f"At N = {size}; in parentheses: x floor" + ("; x momentum floor" if momentum else "")
+              + ". Kernels on: hvd_sparse.set_kernels(\"auto\") "
               "(the fused CPU kernels, docs/kernels.md); off: the reference torch ops. TensorFlow: the "
               "TF backend's own ops (it has no kernels), same gradients and floor.", ""]
     sweep = result["world_sizes"]
@@ -330,9 +437,9 @@ def write_report(result: dict, out_dir: Path) -> None:
                   ""]
     if result.get("memory_copies_per_rank") is not None:
         by_mode = result.get("memory_copies_by_kernels") or {modes[0]: result["memory_copies_per_rank"]}
-        lines.append("ExDyna's memory overhead, fp32 copies of the model per rank (residual and selection "
-                     "temporaries): " + ", ".join(f"kernels {mode} {copies:.2f}"
-                                                  for mode, copies in by_mode.items()) + ".")
+        held = "residual and selection temporaries" + (", and the velocity u" if momentum else "")
+        lines.append(f"ExDyna's memory overhead, fp32 copies of the model per rank ({held}): "
+                     + ", ".join(f"kernels {mode} {copies:.2f}" for mode, copies in by_mode.items()) + ".")
     (out_dir / "select.md").write_text("\n".join(lines) + "\n")
     plt = pyplot()
     if plt is None:
@@ -341,12 +448,13 @@ def write_report(result: dict, out_dir: Path) -> None:
     ax = axes[0][0]
     for method in result["methods"]:
         for mode, style in zip(modes, ["-", "--"], strict=False):
-            points = [(r["n"], kernel_figures(r["methods"][method], mode)["over_floor"]) for r in rows
+            key = "over_momentum_floor" if momentum else "over_floor"
+            points = [(r["n"], kernel_figures(r["methods"][method], mode)[key]) for r in rows
                       if kernel_figures(r["methods"].get(method, {}), mode)]
             if points:
                 ax.loglog(*zip(*points, strict=True), style, marker="o", label=f"{method} ({mode})")
     ax.set_xlabel("elements n")
-    ax.set_ylabel("per-rank step / floor")
+    ax.set_ylabel("per-rank step / " + ("momentum floor" if momentum else "floor"))
     ax.set_title(f"N = {size}")
     ax.legend(fontsize=7)
     if sweep:
@@ -389,6 +497,11 @@ def main() -> None:
                         help="kernel modes measured side by side (the first one's figures lead)")
     parser.add_argument("--no-tensorflow", dest="tensorflow", action="store_false",
                         help="skip the TensorFlow rows (ExDyna and top-k on the TF backend)")
+    parser.add_argument("--momentum", type=float, default=0.0,
+                        help="run every method with this momentum correction (e.g. 0.9), and divide "
+                             "each step by that path's floor too (one pass reading u, g, e, writing "
+                             "u, e); the targets then judge ExDyna and MiCRO against it")
+    parser.add_argument("--nesterov", action="store_true", help="the Nesterov form (with --momentum)")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.world_sizes, args.repeats = [1e6, 25e6], [1, 2, 4, 8], 3
@@ -398,21 +511,23 @@ def main() -> None:
     largest = max(sizes)
     memory = {}
     for mode in args.kernels if "exdyna" in args.methods else ():   # ExDyna's own figure
-        memory[mode] = memory_overhead(largest, args.world_size, args.density, args.device, mode)
+        memory[mode] = memory_overhead(largest, args.world_size, args.density, args.device, mode,
+                                       options_for("exdyna", args.momentum, args.nesterov))
         print(f"exdyna memory overhead at n={largest:,} N={args.world_size}, kernels {mode}: "
               f"{memory[mode]:.2f} fp32 copies/rank", flush=True)
     result = {"density": args.density, "device": args.device, "repeats": args.repeats,
+              "momentum": args.momentum, "nesterov": args.nesterov,
               "world_size": args.world_size, "methods": args.methods, "kernels": args.kernels,
               "memory_copies_per_rank": memory.get(args.kernels[0]), "memory_copies_by_kernels": memory,
               "sizes": [], "world_sizes": []}
     for n in sizes:
-        if fits(n, args.world_size, args.device):
+        if fits(n, args.world_size, args.device, momentum=bool(args.momentum)):
             result["sizes"].append(measure(args.methods, n, args.world_size, args,
                                            tensorflow=args.tensorflow))
         else:
             print(f"n={n:,} N={args.world_size}: skipped, does not fit in memory", flush=True)
     for size in args.world_sizes:
-        if fits(largest, size, args.device):
+        if fits(largest, size, args.device, momentum=bool(args.momentum)):
             methods = [m for m in N_SWEEP_METHODS if m in args.methods]
             result["world_sizes"].append(measure(methods, largest, size, args))
         else:

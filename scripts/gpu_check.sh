@@ -5,19 +5,25 @@
 #
 # 1. The CUDA tests: tests/unit/backends/test_cuda.py (every method on CUDA tensors against NumPy)
 #    and tests/unit/kernels/test_triton.py (every Triton kernel against the reference path, compiled,
-#    on CUDA tensors; TRITON_INTERPRET is unset for this).
+#    on CUDA tensors; TRITON_INTERPRET is unset for this), the momentum correction's fused
+#    accumulate-and-select among them (its host synchronizations counted too).
 # 2. Exact top-k: the Triton kernel against torch.topk and the reference op, 25e6 and 1e8
 #    elements (scripts/bench_topk.py).
 # 3. The selection benchmark with kernels on and off, side by side:
 #    scripts/bench_select.py --device cuda --sizes 25e6 1e8 --world-sizes 4 --kernels on off
+# 4. ExDyna and MiCRO with the momentum correction (the fused Triton op), kernels on and off, over
+#    the momentum floor: scripts/bench_select.py --device cuda --sizes 25e6 --world-sizes
+#    --methods exdyna micro --kernels on off --momentum 0.9
 #
-# Logs go to bench/gpu/ (cuda_tests_<gpu>.log, topk_kernels_<gpu>.log, select_kernels_<gpu>.log;
-# the selection benchmark's JSON, Markdown and figure to bench/gpu/select/), where
+# Logs go to bench/gpu/ (cuda_tests_<gpu>.log, topk_kernels_<gpu>.log, select_kernels_<gpu>.log,
+# select_momentum_<gpu>.log; the selection benchmarks' JSON, Markdown and figure to
+# bench/gpu/select/ and bench/gpu/select-momentum/), where
 # scripts/report.py collects them. On a lent machine whose tool returns only what is written under
 # $OUT, they go to $OUT/bench/gpu/ instead, as they are written (so a run killed at its time limit
 # still returns them): copy that folder over bench/gpu/ afterwards. Each stage has a time limit
-# (GPU_CHECK_TEST_SECONDS, GPU_CHECK_TOPK_SECONDS, GPU_CHECK_BENCH_SECONDS) so that the whole run
-# fits a 10-minute lease; a stage cut off keeps its log as far as it got and says so. The first use of each Triton kernel
+# (GPU_CHECK_TEST_SECONDS 210, GPU_CHECK_TOPK_SECONDS 50, GPU_CHECK_BENCH_SECONDS 240,
+# GPU_CHECK_MOMENTUM_SECONDS 70 by default) so that the whole run fits a 10-minute lease; a stage
+# cut off keeps its log as far as it got and says so. The first use of each Triton kernel
 # compiles it (seconds; cached on disk), which the tests pay, and the benchmarks' warm-up calls.
 #
 # Python: $PYTHON, else the repository's .venv if its torch sees a GPU, else python3. It needs a
@@ -29,9 +35,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 out="${OUT:+$OUT/bench/gpu}"
 out="${out:-$repo/bench/gpu}"
-test_seconds=${GPU_CHECK_TEST_SECONDS:-200}
-topk_seconds=${GPU_CHECK_TOPK_SECONDS:-60}
-bench_seconds=${GPU_CHECK_BENCH_SECONDS:-270}
+test_seconds=${GPU_CHECK_TEST_SECONDS:-210}
+topk_seconds=${GPU_CHECK_TOPK_SECONDS:-50}
+bench_seconds=${GPU_CHECK_BENCH_SECONDS:-240}
+momentum_seconds=${GPU_CHECK_MOMENTUM_SECONDS:-70}
 
 log() { printf '[gpu_check] %s\n' "$*"; }
 die() { printf '[gpu_check] ERROR: %s\n' "$*" >&2; exit 2; }
@@ -56,7 +63,7 @@ if ! "$python" -c 'import hvd_sparse.kernels.triton' 2>/dev/null; then
     "$python" -c 'import hvd_sparse.kernels.triton' || die "hvd_sparse.kernels.triton does not import"
 fi
 
-mkdir -p "$out/select"
+mkdir -p "$out/select" "$out/select-momentum"
 gpu=$("$python" -c 'import torch; print(torch.cuda.get_device_name(0))')
 tag=$(printf '%s' "$gpu" | tr 'A-Z' 'a-z' | grep -oE '[a-z][0-9]{2,4}[a-z]?' | head -n 1)
 tag=${tag:-gpu}
@@ -95,6 +102,9 @@ run_stage "top-k kernel against torch.topk" "$out/topk_kernels_$tag.log" "$topk_
 run_stage "selection benchmark, kernels on and off" "$out/select_kernels_$tag.log" "$bench_seconds" \
     "$python" scripts/bench_select.py --device cuda --sizes 25e6 1e8 --world-sizes 4 \
     --kernels on off --out-dir "$out/select"
+run_stage "momentum correction: ExDyna and MiCRO over the momentum floor" "$out/select_momentum_$tag.log" \
+    "$momentum_seconds" "$python" scripts/bench_select.py --device cuda --sizes 25e6 --world-sizes \
+    --methods exdyna micro --kernels on off --momentum 0.9 --repeats 5 --out-dir "$out/select-momentum"
 
 log "done (status $status); logs in $out/"
 exit "$status"

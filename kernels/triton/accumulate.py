@@ -230,7 +230,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
         counts = probe_counts = residual   # not read (SELECT is off)
     gate = skip if skip is not None else residual
     velocity, factor, nesterov = momentum if momentum is not None else (residual, 0.0, False)
-    factor_bits = float_bits(factor, residual.dtype)
+    factor_bits = float_bits(factor, residual.dtype) if momentum is not None else 0
     offset = 0
     for t in tensors:
         n = t.numel()

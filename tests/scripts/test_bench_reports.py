@@ -121,3 +121,27 @@ def test_selection_targets_are_judged_by_the_benchmark_itself():
     assert "kernels off 3.00×" in bench_select.judge(result)[0]["figure"]
     result["memory_copies_per_rank"] = 1.9
     assert bench_select.judge(result)[-1]["met"]
+
+
+def test_a_momentum_run_is_judged_on_the_momentum_floor():
+    """``--momentum``: ExDyna and MiCRO against the floor of that path (one pass over u, g, e),
+    the other methods and ExDyna's memory (which the velocity grows by a copy) without targets."""
+    import bench_select
+
+    def figures(seconds, momentum_floor=0.02):
+        return {"seconds": seconds, "select_seconds": 0.0, "over_floor": seconds / 0.01,
+                "over_momentum_floor": seconds / momentum_floor}
+
+    methods = {name: {**figures(seconds), "kernels": {"on": figures(seconds), "off": figures(3 * seconds)}}
+               for name, seconds in (("exdyna", 0.024), ("micro", 0.028), ("topk", 0.09))}
+    result = {"momentum": 0.9, "nesterov": False, "memory_copies_per_rank": 2.9,
+              "sizes": [{"n": 25_000_000, "world_size": 4, "floor_seconds": 0.01,
+                         "momentum_floor_seconds": 0.02, "methods": methods}], "world_sizes": []}
+    targets = bench_select.judge(result)
+    assert [(t["target"].split()[0], t["met"]) for t in targets] == [("exdyna", True), ("micro", False)]
+    assert "momentum floor" in targets[0]["target"] and "momentum=0.9" in targets[0]["target"]
+    assert targets[0]["figure"].startswith("1.20× (24.0 ms vs 20.0 ms); kernels off 3.60×")
+    assert bench_select.options_for("exdyna", 0.9, True) == {**bench_select.OPTIONS["exdyna"],
+                                                             "momentum": 0.9, "nesterov": True}
+    assert bench_select.options_for("topk") == bench_select.OPTIONS["topk"]
+    assert bench_select.options_for("dgc") == bench_select.OPTIONS["dgc"]   # its own momentum
