@@ -31,6 +31,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("convergence-long/convergence.md", "Convergence over a longer budget (char-LSTM)",
      "python scripts/convergence.py --tasks lstm --methods dense exdyna-tracking topk "
      "--densities 0.01 --steps 6000 --out-dir bench/convergence-long"),
+    ("convergence-10k/convergence.md",
+     "Convergence over 10,000 steps at ρ = 0.001 with the corrections (char-LSTM)",
+     "python scripts/convergence.py --long"),
     ("e2e.md", "End to end", "python scripts/bench_e2e.py  (root: network namespaces)"),
     ("e2e-compute.md", "End to end, compute-bound, many paired steps",
      "python scripts/bench_e2e.py --models cnn --nets loopback --sizes 2 4 "
@@ -70,7 +73,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     grouped: dict[str, list[dict]] = {}
     for name in ("select.json", "select-1e8/select.json", "fidelity.json", "convergence.json",
-                 "convergence-long/convergence.json", "e2e.json", "e2e-compute.json", "e2e-kernels.json"):
+                 "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
+                 "e2e-compute.json", "e2e-kernels.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
             if target.get("method"):

@@ -1,0 +1,153 @@
+"""scripts/convergence.py: the bytes a collective puts on the wire, the exchange figures of a run,
+the corrections' configurations and targets, and the --long mode."""
+
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("sklearn")
+
+import convergence  # noqa: E402
+
+
+def test_wire_bytes_on_ring_collectives():
+    # allgather: rank r receives the others' blocks and forwards all but rank r+1's
+    sent, received = convergence.wire_bytes("allgather", [10, 20, 30, 40])
+    assert received == [90, 80, 70, 60]
+    assert sent == [80, 70, 60, 90]
+    assert sum(sent) == sum(received)
+    # allreduce: reduce-scatter + allgather, 2(N-1)/N of the tensor each way
+    assert convergence.wire_bytes("allreduce", [400] * 4) == ([600.0] * 4, [600.0] * 4)
+    assert convergence.wire_bytes("allreduce", [400] * 2) == ([400.0] * 2, [400.0] * 2)
+    # broadcast along the ring from the root: the root receives nothing, root-1 forwards nothing
+    assert convergence.wire_bytes("broadcast", [8, 8, 8, 8], root=2) == ([8, 0, 8, 8], [8, 8, 0, 8])
+    assert convergence.wire_bytes("neighbours", [1, 2, 3]) == ([2, 4, 6], [5, 4, 3])
+    assert convergence.wire_bytes("allgather", [5]) == ([0.0], [0.0])
+    with pytest.raises(ValueError):
+        convergence.wire_bytes("alltoall", [1, 1])
+
+
+def test_counted_run_moves_what_the_ring_moves():
+    torch.set_num_threads(1)
+    dense = convergence.simulate_counted("dense", 4, 2, task="digits-mlp", density=1.0)
+    numel = dense[0]["k"]
+    for record in dense:
+        # one allreduce of every fp32 entry (the first step adds a tiny configuration allgather)
+        assert record["wire_sent"] == record["wire_received"]
+        assert min(record["wire_sent"]) >= 1.5 * 4 * numel
+        assert record["bytes_sent"] == [4 * numel] * 4
+    assert dense[1]["wire_sent"] == [1.5 * 4 * numel] * 4
+    union = convergence.simulate_counted("exdyna", 4, 3, task="digits-mlp", density=0.05)
+    for record in union[1:]:   # indices forwarded, allreduce both ways: more than the payload
+        assert all(w > p for w, p in zip(record["wire_sent"], record["bytes_sent"], strict=True))
+    figures = convergence.exchange_figures(union)
+    assert figures["wire_sent"] == pytest.approx(figures["wire_received"])
+    assert 0 < figures["aggregate_density"] < 1 and figures["wire_busiest"] >= figures["wire_sent"]
+
+
+def test_exchange_figures_count_every_step():
+    records = [{"density_actual": d, "bytes_sent": [s, s], "bytes_received": [2 * s, 2 * s],
+                "wire_sent": [s, 3 * s], "wire_received": [3 * s, s]}
+               for d, s in ((1.0, 100), (0.01, 10), (0.01, 10), (0.01, 10))]
+    figures = convergence.exchange_figures(records)
+    assert figures["aggregate_density"] == pytest.approx(1.03 / 4)
+    assert figures["aggregate_density_steady"] == pytest.approx(0.01)
+    assert figures["payload_sent"] == pytest.approx(32.5) and figures["payload_received"] == 65
+    assert figures["wire_sent"] == pytest.approx(65) and figures["wire_busiest"] == pytest.approx(130)
+    assert "wire_sent" not in convergence.exchange_figures(
+        [{k: v for k, v in r.items() if not k.startswith("wire")} for r in records])
+
+
+def test_corrected_configurations():
+    methods = convergence.METHODS
+    for name in (*convergence.SEED_METHODS, "topk", "dgc", "dgc-matched"):
+        fixed = methods[f"{name}+corr"]
+        assert fixed.base == name and fixed.method == methods[name].method
+        assert fixed.options == {**methods[name].options, **convergence.RECIPE}
+        assert fixed.momentum == (0.0 if convergence.RECIPE.get("momentum") else methods[name].momentum)
+    assert methods["dgc-matched"].density_scale == 1 / convergence.WORLD_SIZE
+    levers = [m for m in methods if m.startswith("exdyna-tracking+") and not m.endswith("+corr")]
+    assert len(levers) == len(convergence.LEVERS) and not any(methods[m].quick for m in levers)
+    assert methods["exdyna-tracking+warmup"].momentum is None   # the task's optimizer momentum
+    assert methods["exdyna-tracking+momentum"].momentum == 0.0
+
+
+def fake(task, method, density, final, steps=10, **more):
+    return {"task": task, "method": method, "density": density, "seed": 0, "steps": steps,
+            "metric": "accuracy" if task == "digits" else "perplexity", "final": final,
+            "curve": [[steps, final]], "imbalance_mean": 0.0, "imbalance_p90": 0.0,
+            "density_ratio_mean": 1.0, "buildup_mean": 1.0, **more}
+
+
+def corrections_verdicts(runs: list[dict]) -> dict:
+    """(the target's topic, method) -> met, for ``judge_corrections`` on ``runs``."""
+    groups = convergence.group_runs({"runs": {str(i): r for i, r in enumerate(runs)}})
+    topics = {"beats DGC": "dgc", "digits": "digits", "gap": "gap", "within": "dense"}
+    return {(next(v for k, v in topics.items() if k in t["target"]), t.get("method")): t["met"]
+            for t in convergence.judge_corrections(groups)}
+
+
+def test_correction_targets():
+    runs = [fake("lstm", "dense", 1.0, 3.0), fake("lstm", "exdyna-tracking+corr", 0.001, 3.4),
+            fake("lstm", "dgc-matched", 0.001, 3.5), fake("lstm", "dgc-matched+corr", 0.001, 3.3),
+            fake("lstm", "deft", 0.001, 5.0), fake("lstm", "deft+corr", 0.001, 4.6),     # 20% closed
+            fake("lstm", "lags", 0.001, 4.0), fake("lstm", "lags+corr", 0.001, 3.85),    # 15%
+            fake("digits", "dense", 1.0, 0.98), fake("digits", "micro+corr", 0.001, 0.9705),
+            fake("digits", "deft+corr", 0.001, 0.9695)]
+    assert corrections_verdicts(runs) == {
+        ("dgc", "dgc-matched"): True, ("dgc", "dgc-matched+corr"): False,
+        ("dense", None): True,                                   # +13.3% of dense, within 15%
+        ("gap", "deft"): True, ("gap", "lags"): False,
+        ("digits", "micro"): True, ("digits", "deft"): False}    # -0.95 / -1.05 points
+    # after the long budget the bar is 5%
+    long = corrections_verdicts([fake("lstm", "dense", 1.0, 3.0, steps=10_000),
+                                 fake("lstm", "exdyna-tracking+corr", 0.001, 3.16, steps=10_000)])
+    assert long == {("dense", None): False}
+    text = convergence.judge_corrections(convergence.group_runs({"runs": {
+        "a": fake("lstm", "dense", 1.0, 3.0, steps=10_000),
+        "b": fake("lstm", "exdyna-tracking+corr", 0.001, 3.14, steps=10_000)}}))
+    assert "within 5% of dense" in text[0]["target"] and text[0]["met"]
+
+
+def test_long_mode_and_quick_selection():
+    args = convergence.parse_args(["--long"])
+    assert args.tasks == ["lstm"] and args.densities == [0.001] and args.steps >= 10_000
+    assert args.methods == ["dense", "exdyna-tracking+corr"]
+    assert str(args.out_dir) == "bench/convergence-10k"
+    quick = convergence.parse_args(["--quick"]).methods
+    assert "exdyna-tracking+corr" in quick and "exdyna-tracking+warmup" not in quick
+    assert "exdyna-tracking+warmup" in convergence.parse_args([]).methods
+    with pytest.raises(SystemExit):
+        convergence.parse_args(["--quick", "--long"])
+
+
+def test_markdown_with_and_without_exchange_figures():
+    measured = dict(aggregate_density=0.002, aggregate_density_steady=0.001, payload_sent=10.0,
+                    payload_received=30.0, wire_sent=30.0, wire_received=30.0)
+    report = {"config": {"quick": True, "tasks": convergence.TASKS, "recipe": convergence.RECIPE,
+                         "levers": convergence.LEVERS},
+              "runs": {"d": fake("lstm", "dense", 1.0, 3.0, wire_sent=600.0, wire_received=600.0,
+                                 aggregate_density=1.0, aggregate_density_steady=1.0,
+                                 payload_sent=400.0, payload_received=400.0),
+                       "a": fake("lstm", "exdyna-tracking+corr", 0.001, 3.3, **measured),
+                       "b": fake("lstm", "topk", 0.001, 4.0, bytes_sent_mean=8.0)}}
+    text = convergence.markdown(report, convergence.judge(report), [])
+    row = next(line for line in text.splitlines() if line.startswith("| exdyna-tracking+corr | 0.001"))
+    assert "0.00200 / 0.00100" in row and "30 / 30" in row and "0.0500" in row   # 60 / 1200
+    legacy = next(line for line in text.splitlines() if line.startswith("| topk | 0.001"))
+    assert "not measured" in legacy
+
+
+def test_imbalance_leaves_out_the_dense_small_tensors():
+    assert convergence.dense_entries("digits", 1024) == 906     # conv1, fc2 and every bias
+    assert convergence.dense_entries("lstm", 1024) == 1121      # the three biases
+    record = {"counts": [1000 + 30, 1000 + 10, 1000 + 0, 1000 + 0]}
+    assert convergence.sparse_imbalance(record, 1000) == pytest.approx(4 * 30 / 40 - 1)
+    assert convergence.sparse_imbalance({"counts": [5, 5]}, 5) == 0.0
+    torch.set_num_threads(1)
+    records = convergence.simulate("exdyna", 4, 3, task="digits", density=0.001, lr=0.1,
+                                   evaluate_every=3,
+                                   options={"threshold_scaling": "tracking", "dense_below": 1024})
+    run = convergence.condense(records, "digits", "exdyna-tracking+dense-below", 0.001, 0, 1.0)
+    assert run["imbalance"] == [round(convergence.sparse_imbalance(r, 906), 5) for r in records]
