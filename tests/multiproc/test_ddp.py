@@ -13,8 +13,8 @@ from __future__ import annotations
 
 import pytest
 
-from tests.multiproc.launch import REPO, assert_passed
-from tests.multiproc.torchrun import torchrun
+from tests.multiproc.launch import REPO
+from tests.multiproc.torchrun import assert_ranks_passed, torchrun
 
 pytestmark = pytest.mark.multiproc
 
@@ -25,7 +25,7 @@ EXCLUSIVE = ("exdyna/rebalance=exact", "exdyna/rebalance=neighbour", "exdyna/thr
 @pytest.mark.timeout(400)
 @pytest.mark.parametrize(("size", "nnodes"), [(2, 1), (4, 2)])
 def test_ddp_whole_model_methods_and_lags(size, nnodes):
-    stdout = assert_passed(torchrun("ddp_exclusive.py", size, nnodes=nnodes, timeout=380), size)
+    stdout = assert_ranks_passed(torchrun("ddp_exclusive.py", size, nnodes=nnodes, timeout=380), size)
     for config in EXCLUSIVE:
         assert stdout.count(f"CHECKED ddp/{config} ") == size, config
 
@@ -41,7 +41,7 @@ REFUSALS = ("density", "method", "model", "nan-raise")
 @pytest.mark.parametrize(("size", "resume_size"), [(2, 3), (4, 2)])
 def test_ddp_baselines_refusals_and_a_resume_at_another_world_size(size, resume_size, tmp_path):
     result = torchrun("ddp_baselines.py", size, [str(tmp_path)], timeout=400)
-    stdout = assert_passed(result, size)
+    stdout = assert_ranks_passed(result, size)
     for config in BASELINES:
         assert stdout.count(f"CHECKED ddp/{config} ") == size, config
     for what in REFUSALS:   # every rank raised, with one message for all (checked in the worker)
@@ -52,7 +52,7 @@ def test_ddp_baselines_refusals_and_a_resume_at_another_world_size(size, resume_
     assert (tmp_path / "ddp_stats.jsonl").read_text().count("\n") == 1
     assert len(list(tmp_path.glob("exdyna.rank*.pt"))) == size
     resumed = torchrun("ddp_baselines.py", resume_size, [str(tmp_path), "resume"], timeout=200)
-    assert assert_passed(resumed, resume_size).count("CHECKED ddp/exdyna/resumed ") == resume_size
+    assert assert_ranks_passed(resumed, resume_size).count("CHECKED ddp/exdyna/resumed ") == resume_size
     assert "resuming at" in resumed.stderr   # the world-size change is announced
 
 

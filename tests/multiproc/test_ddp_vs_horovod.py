@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from tests.multiproc.launch import assert_passed, launch
-from tests.multiproc.torchrun import torchrun
+from tests.multiproc.torchrun import assert_ranks_passed, torchrun
 
 pytestmark = pytest.mark.multiproc
 
@@ -45,7 +45,7 @@ def assert_same(a, b, where: str) -> None:
 @pytest.mark.timeout(400)
 def test_ddp_and_horovod_faces_decide_alike(tmp_path):
     ddp_out, horovod_out = tmp_path / "ddp", tmp_path / "horovod"
-    assert_passed(torchrun("ddp_vs_horovod.py", SIZE, ["ddp", str(ddp_out)], timeout=180), SIZE)
+    assert_ranks_passed(torchrun("ddp_vs_horovod.py", SIZE, ["ddp", str(ddp_out)], timeout=180), SIZE)
     assert_passed(launch("ddp_vs_horovod.py", SIZE, "gloo", ["horovod", str(horovod_out)], timeout=180),
                   SIZE)
     names = sorted(p.name for p in ddp_out.glob("*.pkl"))

@@ -4,12 +4,13 @@ or several agents meeting at a c10d rendezvous on localhost, as on several hosts
 from __future__ import annotations
 
 import contextlib
+import re
 import socket
 import subprocess
 import tempfile
 import uuid
 
-from tests.multiproc.launch import BIN, REPO, WORKERS, job_env
+from tests.multiproc.launch import BIN, REPO, WORKERS, assert_passed, job_env
 
 
 def free_port() -> int:
@@ -36,7 +37,9 @@ def torchrun(worker: str, size: int, args: list[str] | None = None, nnodes: int 
     with contextlib.ExitStack() as stack:
         files = [(stack.enter_context(tempfile.TemporaryFile("w+")),
                   stack.enter_context(tempfile.TemporaryFile("w+"))) for _ in commands]
-        agents = [subprocess.Popen(command, env=job_env(), cwd=REPO, stdout=out, stderr=err, text=True)
+        # A rank killed by a signal dumps every thread's Python stack (faulthandler) to stderr.
+        env = {**job_env(), "PYTHONFAULTHANDLER": "1"}
+        agents = [subprocess.Popen(command, env=env, cwd=REPO, stdout=out, stderr=err, text=True)
                   for command, (out, err) in zip(commands, files, strict=True)]
         try:
             for agent in agents:
@@ -50,6 +53,16 @@ def torchrun(worker: str, size: int, args: list[str] | None = None, nnodes: int 
         stderr = "".join(err.read() for _, err in files)
     code = max((agent.returncode for agent in agents), key=abs)
     return subprocess.CompletedProcess(commands[0], code, stdout, stderr)
+
+
+def assert_ranks_passed(result: subprocess.CompletedProcess, size: int) -> str:
+    """``launch.assert_passed``, with the ranks' own error lines first: torchrun's report of a
+    failed worker would otherwise fill the message's tail."""
+    if result.returncode != 0:
+        telling = [line for line in result.stderr.splitlines()
+                   if re.search(r"Fatal|terminate|Error|error:|Traceback|File \"|Thread 0x|signal", line)]
+        print("\n".join(telling[:150]))
+    return assert_passed(result, size)
 
 
 def stop(agent: subprocess.Popen) -> None:
