@@ -26,6 +26,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("select-1e8/select.md", "Selection cost at 1e8 elements, kernels on and off",
      "python scripts/bench_select.py --sizes 1e8 --world-sizes --repeats 3 --kernels on off "
      "--methods exdyna micro topk lags deft dgc gaussiank --no-tensorflow --out-dir bench/select-1e8"),
+    ("select-momentum/select.md", "Selection cost with the momentum correction (momentum=0.9)",
+     "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 9 --kernels on off "
+     "--methods exdyna micro --momentum 0.9 --no-tensorflow --out-dir bench/select-momentum"),
     ("fidelity.md", "Fidelity: density error, imbalance, build-up", "python scripts/fidelity.py"),
     ("convergence.md", "Convergence", "python scripts/convergence.py"),
     ("convergence-long/convergence.md", "Convergence over a longer budget (char-LSTM)",
@@ -72,7 +75,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     row), "verdict" (a qualified verdict) and "figure" or "measured" (the numbers behind it)."""
     rows: list[tuple[str, str, str]] = []
     grouped: dict[str, list[dict]] = {}
-    for name in ("select.json", "select-1e8/select.json", "fidelity.json", "convergence.json",
+    for name in ("select.json", "select-1e8/select.json", "select-momentum/select.json",
+                 "fidelity.json", "convergence.json",
                  "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
                  "e2e-compute.json", "e2e-kernels.json"):
         result = load(bench / name)
