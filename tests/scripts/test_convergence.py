@@ -89,8 +89,10 @@ def corrections_verdicts(runs: list[dict]) -> dict:
 
 
 def test_correction_targets():
-    runs = [fake("lstm", "dense", 1.0, 3.0), fake("lstm", "exdyna-tracking+corr", 0.001, 3.4),
-            fake("lstm", "dgc-matched", 0.001, 3.5), fake("lstm", "dgc-matched+corr", 0.001, 3.3),
+    runs = [fake("lstm", "dense", 1.0, 3.0),
+            fake("lstm", "exdyna-tracking+corr", 0.001, 3.4, aggregate_density=0.0105),
+            fake("lstm", "dgc-matched", 0.001, 3.5, aggregate_density=0.01),
+            fake("lstm", "dgc-matched+corr", 0.001, 3.3, aggregate_density=0.02),
             fake("lstm", "deft", 0.001, 5.0), fake("lstm", "deft+corr", 0.001, 4.6),     # 20% closed
             fake("lstm", "lags", 0.001, 4.0), fake("lstm", "lags+corr", 0.001, 3.85),    # 15%
             fake("digits", "dense", 1.0, 0.98), fake("digits", "micro+corr", 0.001, 0.9705),
@@ -100,6 +102,9 @@ def test_correction_targets():
         ("dense", None): True,                                   # +13.3% of dense, within 15%
         ("gap", "deft"): True, ("gap", "lags"): False,
         ("digits", "micro"): True, ("digits", "deft"): False}    # -0.95 / -1.05 points
+    # a lower perplexity bought with more than 10% more aggregate density does not count
+    runs[1] = dict(runs[1], aggregate_density=0.0115)
+    assert not corrections_verdicts(runs)[("dgc", "dgc-matched")]
     # after the long budget the bar is 5%
     long = corrections_verdicts([fake("lstm", "dense", 1.0, 3.0, steps=10_000),
                                  fake("lstm", "exdyna-tracking+corr", 0.001, 3.16, steps=10_000)])
