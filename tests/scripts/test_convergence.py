@@ -3,6 +3,7 @@ the corrections' configurations and targets, and the --long mode."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 
 torch = pytest.importorskip("torch")
@@ -144,15 +145,21 @@ def test_markdown_with_and_without_exchange_figures():
     assert "not measured" in legacy
 
 
-def test_imbalance_leaves_out_the_dense_small_tensors():
-    assert convergence.dense_entries("digits", 1024) == 906     # conv1, fc2 and every bias
-    assert convergence.dense_entries("lstm", 1024) == 1121      # the three biases
-    record = {"counts": [1000 + 30, 1000 + 10, 1000 + 0, 1000 + 0]}
-    assert convergence.sparse_imbalance(record, 1000) == pytest.approx(4 * 30 / 40 - 1)
-    assert convergence.sparse_imbalance({"counts": [5, 5]}, 5) == 0.0
+def test_figures_of_the_sparse_part_leave_out_the_dense_small_tensors():
+    assert convergence.model_entries("digits", 1024) == (38282, 906)   # conv1, fc2, every bias
+    assert convergence.model_entries("lstm", 1024) == (98561, 1121)    # the three biases
+    record = {"counts": [1030, 1010, 1000, 1000], "union": 1040, "k": 1020, "density_target": 0.01}
+    part = convergence.sparse_part(record, 3000, 1000)
+    assert part["imbalance"] == pytest.approx(4 * 30 / 40 - 1)
+    assert part["ratio"] == pytest.approx(40 / (0.01 * 2000)) and part["buildup"] == pytest.approx(2.0)
+    assert convergence.sparse_part({"counts": [5, 5], "union": 5, "k": 5, "density_target": 1.0},
+                                   10, 5)["imbalance"] == 0.0
     torch.set_num_threads(1)
-    records = convergence.simulate("exdyna", 4, 3, task="digits", density=0.001, lr=0.1,
-                                   evaluate_every=3,
+    records = convergence.simulate("exdyna", 4, 3, task="digits", density=0.001, lr=0.1, evaluate_every=3,
                                    options={"threshold_scaling": "tracking", "dense_below": 1024})
     run = convergence.condense(records, "digits", "exdyna-tracking+dense-below", 0.001, 0, 1.0)
-    assert run["imbalance"] == [round(convergence.sparse_imbalance(r, 906), 5) for r in records]
+    parts = [convergence.sparse_part(r, 38282, 906) for r in records]
+    assert run["imbalance"] == [round(p["imbalance"], 5) for p in parts]
+    assert run["density_ratio"] == [round(p["ratio"], 5) for p in parts]
+    assert run["aggregate_density"] == pytest.approx(np.mean([r["density_actual"] for r in records]))
+    assert run["dense_entries"] == 906
