@@ -484,9 +484,9 @@ def judge_corrections(groups: dict) -> list[dict]:
                      if "aggregate_density" in runs[0] and "aggregate_density" in rivals[0] else None)
             equal = share is not None and share <= 1.0 + EQUAL_DENSITY_SHARE
             targets.append({
-                "target": f"LSTM ρ=0.001 after {steps} steps: ExDyna tracking with corrections beats "
-                          f"DGC at equal aggregate density (DGC at ρ/N; ExDyna's at most "
-                          f"{100 * EQUAL_DENSITY_SHARE:g}% above)",
+                "target": f"ExDyna tracking with corrections beats DGC at equal aggregate density "
+                          f"(LSTM, ρ=0.001, {steps} steps; DGC at ρ/N; ExDyna's density at most "
+                          f"{100 * EQUAL_DENSITY_SHARE:g}% above DGC's)",
                 "method": rival, "met": bool(equal and ours < theirs),
                 "measured": f"perplexity {ours:.3f} ({exchanged(runs)}) vs {theirs:.3f} "
                             f"({exchanged(rivals)})"
@@ -705,7 +705,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
     written = [save(fig, out_dir / "convergence.png")]
 
     exdyna = [(k, runs) for k, runs in sorted(groups.items())
-              if k[1].startswith("exdyna") and (k[1].endswith("+corr") or "+" not in k[1])]
+              if k[1].startswith("exdyna") and (k[1].endswith(("+corr", "+momentum")) or "+" not in k[1])]
     if exdyna:
         fig, (top, bottom) = plt.subplots(2, 1, figsize=(9, 7), sharex=True)
         for (task, method, density), runs in exdyna:
