@@ -458,7 +458,8 @@ def exchanged(runs: list[dict]) -> str:
         return "exchange not measured"
     text = f"aggregate density {mean_of(runs, 'aggregate_density'):.5f}"
     if "wire_sent" in runs[0]:
-        text += f", {mean_of(runs, 'wire_sent') + mean_of(runs, 'wire_received'):,.0f} B/rank/step"
+        text += (f", {mean_of(runs, 'wire_sent') + mean_of(runs, 'wire_received'):,.0f} B/rank/step sent + "
+                 "received")
     return text
 
 
@@ -779,6 +780,8 @@ def plot_exchange(report: dict, groups: dict, tasks: list[str], out_dir: Path, p
             else:
                 ax.set_ylabel("held-out perplexity")
                 ax.set_yscale("log")
+                for axis in (ax.yaxis.set_major_formatter, ax.yaxis.set_minor_formatter):
+                    axis(plt.FuncFormatter(lambda value, _: f"{value:g}"))
             title = "digits CNN" if accuracy else "char-LSTM"
             ax.set_title(f"{title}, ρ = {density:g}, N = {WORLD_SIZE}: quality against exchange")
             ax.set_xlabel("bytes per rank per step on the wire, sent + received (ring collectives)")
