@@ -43,10 +43,11 @@ from ..comm import Protocol, finished
 from ..errors import ConfigurationError
 from ..renamed import renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
+from .blocks import CONTROL_FORMAT, unreadable_control_state
 from .corrections import CorrectionOptions
 
 if TYPE_CHECKING:
-    from .exdyna import BlockLayout
+    from .blocks import BlockLayout
 
 THRESHOLD_SCALINGS = ("paper", "tracking")
 THRESHOLD_BANDS = ("code", "symmetric")
@@ -65,9 +66,6 @@ TRACKING_BIAS_RATE = 0.05           # speed of the outer loop on the mean count
 # CNN at ρ = 0.001 (0.99 with +8).
 TRACKING_BIAS_CLIP = (-1.0, 8.0)
 TRACKING_SAMPLE = 8                 # probes read 1/8 of the partition on large models
-# ``control_state``'s shape. States saved before the key existed are format 1 too; they also
-# held MiCRO's always-empty ``layout``, which is ignored.
-CONTROL_FORMAT = 1
 
 
 def initial_threshold(k: int) -> float:
@@ -370,13 +368,6 @@ def check_control_state(state: Any, method: str, keys: tuple[str, ...]) -> None:
     missing = [key for key in keys if key not in state]
     if missing:
         raise unreadable_control_state(method, f"no {', '.join(missing)}")
-
-
-def unreadable_control_state(method: str, problem: str) -> ConfigurationError:
-    return ConfigurationError(
-        f"the checkpoint's {method} control state cannot be read ({problem}): load a checkpoint "
-        f"saved by hvd_sparse's {method} (control state format {CONTROL_FORMAT}), or resume with "
-        "the hvd_sparse version that saved this one")
 
 
 def imbalance(counts: np.ndarray) -> float:

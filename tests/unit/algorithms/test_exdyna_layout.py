@@ -13,7 +13,7 @@ import pytest
 from hvd_sparse import ConfigurationError
 from hvd_sparse.algorithms import DEFT, ExDyna, MiCRO, TopK
 from hvd_sparse.algorithms.base import Algorithm
-from hvd_sparse.algorithms.exdyna import BlockLayout
+from hvd_sparse.algorithms.blocks import BlockLayout
 from hvd_sparse.algorithms.micro import ExclusiveControl
 from hvd_sparse.engine import Engine
 from tests.fixtures.exdyna_state_v1 import (
