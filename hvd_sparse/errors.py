@@ -1,5 +1,11 @@
 """Errors a user can cause, each naming its fix."""
 
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
 
 class HvdSparseError(Exception):
     """Base class of every error hvd_sparse raises on purpose."""
@@ -15,3 +21,19 @@ class UnsupportedTensorError(HvdSparseError, TypeError):
 
 class RankMismatchError(HvdSparseError, RuntimeError):
     """Ranks disagree on something they must agree on (model layout, world size, collectives)."""
+
+
+def renamed_options(**new_names: str) -> Callable:
+    """Decorate an ``__init__`` so that each old keyword (the key) of an option that was renamed
+    (to the value) is refused with a ``ConfigurationError`` naming the new one, instead of
+    Python's bare "unexpected keyword argument". The signature ``help()`` shows is unchanged."""
+    def decorate(init: Callable) -> Callable:
+        @functools.wraps(init)
+        def wrapper(self: Any, *args: Any, **kwargs: Any) -> None:
+            old = [name for name in new_names if name in kwargs]
+            if old:
+                renames = ", ".join(f"{name}= is now {new_names[name]}=" for name in old)
+                raise ConfigurationError(f"{type(self).__name__}: {renames}")
+            init(self, *args, **kwargs)
+        return wrapper
+    return decorate

@@ -46,8 +46,7 @@ from typing import Unpack
 import numpy as np
 
 from ..comm import NEIGHBOURS, Collective, Protocol
-from ..errors import ConfigurationError
-from ..renamed import renamed_options
+from ..errors import ConfigurationError, renamed_options
 from .base import StepContext, StepOutcome, check_choice, is_integer
 from .blocks import BlockLayout
 from .corrections import CorrectionOptions

@@ -40,8 +40,7 @@ import numpy as np
 
 from ..backends import index_dtype_for
 from ..comm import Protocol, finished
-from ..errors import ConfigurationError
-from ..renamed import renamed_options
+from ..errors import ConfigurationError, renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
 from .blocks import CONTROL_FORMAT, unreadable_control_state
 from .corrections import CorrectionOptions

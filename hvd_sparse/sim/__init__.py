@@ -30,7 +30,6 @@ from ..backends import get_backend
 from ..comm.local import LocalGroup
 from ..engine import Engine
 from ..registry import available, create
-from ..renamed import warn_renamed
 from .tasks import TASKS
 
 SCHEDULES = ("constant", "cosine")
@@ -214,8 +213,3 @@ def summarize_run(records: list[dict], skip: int = 0) -> dict:
         out.update({key: last[key] for key in ("accuracy", "perplexity", "bits_per_char") if key in last})
     return out
 
-
-def summarize(records: list[dict], skip: int = 0) -> dict:
-    """Old name of ``summarize_run``, kept for one release (hvd_sparse/renamed.py)."""
-    warn_renamed("hvd_sparse.sim.summarize", "hvd_sparse.sim.summarize_run")
-    return summarize_run(records, skip)
