@@ -28,7 +28,7 @@ from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.reference.deft import deft_step
-from tests.unit.agreement import assert_backend_agrees, assert_step_identical
+from tests.unit.compare_runs import assert_backend_agrees, assert_step_identical
 
 NP = get_backend("numpy")
 

@@ -29,7 +29,7 @@ from hvd_sparse.algorithms.micro import equal_chunks, initial_threshold
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
-from tests.unit.agreement import assert_step_identical
+from tests.unit.compare_runs import assert_step_identical
 
 NP = get_backend("numpy")
 OVER, UNDER = Fraction("1.05"), Fraction("0.95238")

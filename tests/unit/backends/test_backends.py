@@ -10,7 +10,7 @@ from hvd_sparse.algorithms import DEFT, ExDyna, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
-from tests.unit.agreement import assert_backend_agrees
+from tests.unit.compare_runs import assert_backend_agrees
 
 FRAMEWORKS = ["torch", "tensorflow"]
 

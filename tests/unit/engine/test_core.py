@@ -14,7 +14,7 @@ from hvd_sparse.comm import ALLGATHER, Collective
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.reference.engine import expected_step, topk_indices
-from tests.unit.agreement import assert_step_identical
+from tests.unit.compare_runs import assert_step_identical
 
 NP = get_backend("numpy")
 SHAPES = [(12, 9), (9,), (5, 4, 3)]
