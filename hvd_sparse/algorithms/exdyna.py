@@ -194,6 +194,8 @@ class ExDyna(MiCRO):
             ``rebalance="histogram"`` (0: the last step alone).
         threshold_start: "paper" (λ0 = 1/(2√k)) or "local" (the first step selects each rank's
             share of k by magnitude; see hvd_sparse.algorithms.micro).
+        tracking_gain: "auto" (adaptive under the momentum correction, fixed otherwise), "fixed"
+            or "adaptive": the tracking controller's step (see hvd_sparse.algorithms.micro).
     """
 
     name = "exdyna"
@@ -205,9 +207,10 @@ class ExDyna(MiCRO):
                  num_blocks: int | str = PAPER_BLOCKS, threshold_scaling: str = "paper",
                  threshold_band: str = "code", overload_ratio: str | float = "1.05",
                  underload_ratio: str | float = "0.95238", histogram_decay: float = 0.8,
-                 threshold_start: str = "paper", **corrections: Unpack[CorrectionOptions]):
+                 threshold_start: str = "paper", tracking_gain: str = "auto",
+                 **corrections: Unpack[CorrectionOptions]):
         super().__init__(density, threshold_scaling=threshold_scaling, threshold_band=threshold_band,
-                         threshold_start=threshold_start, **corrections)
+                         threshold_start=threshold_start, tracking_gain=tracking_gain, **corrections)
         self.rebalance = check_choice("rebalance", rebalance, REBALANCE_MODES)
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")

@@ -19,6 +19,14 @@ band can never run (docs/algorithms.md#dead-branch) -- and 0.995 below. Options,
   knows the global local slope α = -dlnK/dlnλ and takes the same damped Newton step in log space,
   λ ← λ·(K/(k·b))^(0.5/α) clipped to [1/4, 4], with a slow outer loop on b that puts the mean
   count, not its geometric mean, at k (see ``tracking_factor``).
+* ``tracking_gain="adaptive"`` (what ``"auto"``, the default, means under the momentum
+  correction; without it ``"auto"`` is ``"fixed"``, the rule above): the Newton step is scaled by
+  a gain that halves whenever the count's log error changes sign from one step to the next (the
+  controller overshot) and grows by a quarter while it keeps its sign, within [1/32, 1]
+  (``adapt_gain``). Under the momentum correction the count answers a small change of λ with a
+  burst or a drought many times k (entries piled up just under λ are released at once, or none
+  crosses for several steps), the fixed step overshoots, and λ settles into a limit cycle whose
+  mean count is well above k; the gain falls until the loop is stable.
 * ``threshold_start="local"``: the first step does not select with λ0 = 1/(2√k), which knows
   nothing of the gradient's scale (on a 1e8-entry model it picks 30% of the entries, and the
   step's messages and memory grow with that): each rank selects its partition's share of k by
@@ -51,6 +59,7 @@ if TYPE_CHECKING:
 THRESHOLD_SCALINGS = ("paper", "tracking")
 THRESHOLD_BANDS = ("code", "symmetric")
 THRESHOLD_STARTS = ("paper", "local")
+TRACKING_GAINS = ("auto", "fixed", "adaptive")
 # The code's constants, kept exact (integer-safe comparisons: every rank decides identically).
 UPPER_BAND, LOWER_BAND = Fraction("1.1"), Fraction("0.909")
 RAISE, CREEP, LOWER, DEAD = 1.005, 1.00125, 0.995, 0.9987
@@ -65,6 +74,9 @@ TRACKING_BIAS_RATE = 0.05           # speed of the outer loop on the mean count
 # CNN at ρ = 0.001 (0.99 with +8).
 TRACKING_BIAS_CLIP = (-1.0, 8.0)
 TRACKING_SAMPLE = 8                 # probes read 1/8 of the partition on large models
+# tracking_gain="adaptive": the gain's factor after an overshoot (the log error changed sign) and
+# after a step on the same side, and its range. A gain of 1 is the fixed controller's step.
+GAIN_DOWN, GAIN_UP, GAIN_RANGE = 0.5, 1.25, (1.0 / 32.0, 1.0)
 
 
 def initial_threshold(k: int) -> float:
@@ -105,7 +117,8 @@ def paper_factor(union: int, k: int, band: str = "code") -> float:
     return LOWER                                                          # K/k <= 0.909
 
 
-def tracking_factor(union: int, k: int, below: float, above: float, bias: float) -> tuple[float, float]:
+def tracking_factor(union: int, k: int, below: float, above: float, bias: float,
+                    gain: float = 1.0) -> tuple[float, float]:
     """One step of the tracking controller: (threshold factor, new bias).
 
     ``below``/``above`` are the global fractions of entries at λ/c and λ·c, so
@@ -113,17 +126,32 @@ def tracking_factor(union: int, k: int, below: float, above: float, bias: float)
     be a Newton step to the target. Error feedback makes counts bursty (lowering λ releases the
     residual mass piled up just under it), so the step is damped (gain ``TRACKING_GAIN``), and a
     slow outer loop on the linear error corrects ``bias`` so that the *mean* count, not the
-    geometric one, sits at k."""
+    geometric one, sits at k. ``gain`` scales the Newton step (``adapt_gain``; 1: the fixed
+    controller, bit for bit)."""
     slope = TRACKING_SLOPE[1]
     if below > 0 and above > 0:
         slope = math.log(below / above) / (2.0 * math.log(TRACKING_PROBE))
     slope = min(max(slope, TRACKING_SLOPE[0]), TRACKING_SLOPE[1])
     ratio = max(union, 1) / k
-    factor = (ratio / bias) ** (TRACKING_GAIN / slope)
+    factor = (ratio / bias) ** (gain * TRACKING_GAIN / slope)
     low, high = TRACKING_BIAS_CLIP
     bias *= math.exp(-TRACKING_BIAS_RATE * min(max(ratio - 1.0, low), high))
     bias = min(max(bias, 1.0 / TRACKING_MAX_FACTOR), TRACKING_MAX_FACTOR)
     return min(max(factor, 1.0 / TRACKING_MAX_FACTOR), TRACKING_MAX_FACTOR), bias
+
+
+def adapt_gain(gain: float, error_prev: float, union: int, k: int, bias: float) -> tuple[float, float]:
+    """``tracking_gain="adaptive"``: (the gain of this step's Newton step, the log error it
+    corrects). The error is ln(K/(k·b)), what the step acts on; when its sign differs from the
+    previous step's the last step overshot and the gain halves, when it is the same the gain grows
+    by a quarter (a drift the controller trails), within ``GAIN_RANGE``; an error of exactly 0
+    leaves it. A pure function of global facts: every rank computes the same gain."""
+    error = math.log(max(union, 1) / k) - math.log(bias)
+    if error * error_prev < 0.0:
+        gain = max(gain * GAIN_DOWN, GAIN_RANGE[0])
+    elif error * error_prev > 0.0:
+        gain = min(gain * GAIN_UP, GAIN_RANGE[1])
+    return gain, error
 
 
 def owned_partition(rank: int, step: int, size: int) -> int:
@@ -176,6 +204,8 @@ class ExclusiveControl:
                                           # start's first step: this rank's own, local_start)
     probes: Any = None                    # this step's local fractions at λ/c, λ·c (tracking)
     bias: float = 1.0                     # tracking: outer-loop correction of the count target
+    gain: float = 1.0                     # tracking_gain="adaptive": the Newton step's gain
+    error_prev: float = 0.0               # tracking_gain="adaptive": the last step's log error
     layout: BlockLayout | None = None     # ExDyna's blocks (None for MiCRO)
 
 
@@ -190,6 +220,8 @@ class MiCRO(Algorithm):
             "symmetric". Formerly ``band``.
         threshold_start: the first step's threshold: "paper" (λ0 = 1/(2√k) on every rank) or
             "local" (each rank's share of k by magnitude; see module docstring).
+        tracking_gain: the tracking controller's step: "fixed", "adaptive" (see module
+            docstring) or "auto" (adaptive under the momentum correction, fixed otherwise).
     """
 
     name = "micro"
@@ -201,12 +233,25 @@ class MiCRO(Algorithm):
     @renamed_options(threshold="threshold_scaling", band="threshold_band")
     def __init__(self, density: float = 0.001, *, threshold_scaling: str = "paper",
                  threshold_band: str = "code", threshold_start: str = "paper",
-                 **corrections: Unpack[CorrectionOptions]):
+                 tracking_gain: str = "auto", **corrections: Unpack[CorrectionOptions]):
         super().__init__(density, **corrections)
         self.threshold_scaling = check_choice("threshold_scaling", threshold_scaling,
                                               THRESHOLD_SCALINGS)
         self.threshold_band = check_choice("threshold_band", threshold_band, THRESHOLD_BANDS)
         self.threshold_start = check_choice("threshold_start", threshold_start, THRESHOLD_STARTS)
+        self.tracking_gain = check_choice("tracking_gain", tracking_gain, TRACKING_GAINS)
+        if self.tracking_gain != "auto" and self.threshold_scaling != "tracking":
+            raise ConfigurationError(
+                f"tracking_gain={tracking_gain!r} sets the tracking controller's step, but "
+                f"threshold_scaling={threshold_scaling!r} does not use it: pass "
+                "threshold_scaling='tracking', or leave tracking_gain at 'auto'")
+
+    @property
+    def adaptive_gain(self) -> bool:
+        """Whether the tracking controller adapts its gain (``tracking_gain``)."""
+        if self.threshold_scaling != "tracking" or self.tracking_gain == "fixed":
+            return False
+        return self.tracking_gain == "adaptive" or self.corrections.momentum > 0.0
 
     # --- partitions (MiCRO: fixed equal chunks; ExDyna overrides) ------------------------------
     def reset_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
@@ -314,7 +359,12 @@ class MiCRO(Algorithm):
             control.threshold = agreed_start(*(float(x) for x in outcome.piggyback), control.k)
         elif self.threshold_scaling == "tracking" and outcome.piggyback is not None:
             below, above = (float(x) for x in outcome.piggyback)
-            factor, control.bias = tracking_factor(union, control.k, below, above, control.bias)
+            gain = 1.0
+            if self.adaptive_gain:
+                control.gain, control.error_prev = adapt_gain(control.gain, control.error_prev, union,
+                                                              control.k, control.bias)
+                gain = control.gain
+            factor, control.bias = tracking_factor(union, control.k, below, above, control.bias, gain)
             control.threshold *= factor
         else:
             control.threshold *= paper_factor(union, control.k, self.threshold_band)
@@ -335,7 +385,7 @@ class MiCRO(Algorithm):
     def control_state(self, control: ExclusiveControl) -> dict:
         """Plain data (no hvd_sparse class), so that a checkpoint loads without this module."""
         return {"format": CONTROL_FORMAT, "k": control.k, "threshold": control.threshold,
-                "bias": control.bias,
+                "bias": control.bias, "gain": control.gain, "error_prev": control.error_prev,
                 "bounds": None if control.bounds is None else control.bounds.tolist(),
                 "union_prev": control.union_prev,
                 "counts_prev": None if control.counts_prev is None else control.counts_prev.tolist()}
@@ -345,6 +395,8 @@ class MiCRO(Algorithm):
         control = self.init_control(ctx)
         control.threshold = float(state["threshold"])
         control.bias = float(state.get("bias", 1.0))
+        control.gain = float(state.get("gain", 1.0))
+        control.error_prev = float(state.get("error_prev", 0.0))
         control.union_prev = state["union_prev"]
         if saved_size == ctx.size:
             if state["bounds"] is not None:

@@ -289,7 +289,9 @@ def test_exclusive_selection_union_and_error_feedback(algorithm, size):
 
 @pytest.mark.parametrize("algorithm", [ExDyna(0.02), ExDyna(0.02, rebalance="neighbour"),
                                        ExDyna(0.02, rebalance="histogram"),
-                                       MiCRO(0.02, threshold_scaling="tracking")], ids=repr)
+                                       MiCRO(0.02, threshold_scaling="tracking"),
+                                       ExDyna(0.02, threshold_scaling="tracking", momentum=0.9)],
+                         ids=repr)
 def test_checkpoint_resumes_with_identical_decisions(algorithm):
     size, rng = 3, np.random.default_rng(5)
     batches = [[[rng.standard_normal(3000).astype(np.float32)] for _ in range(size)] for _ in range(30)]

@@ -15,10 +15,14 @@ from hvd_sparse.algorithms import MiCRO
 from hvd_sparse.algorithms.micro import (
     CREEP,
     DEAD,
+    GAIN_DOWN,
+    GAIN_RANGE,
+    GAIN_UP,
     LOWER,
     RAISE,
     TRACKING_BIAS_RATE,
     TRACKING_MAX_FACTOR,
+    adapt_gain,
     agreed_start,
     equal_chunks,
     imbalance,
@@ -116,6 +120,75 @@ def test_tracking_factor_is_clipped():
     factor, bias = tracking_factor(1, 10**6, below=0.5, above=0.5, bias=1.0)
     assert factor == 1 / TRACKING_MAX_FACTOR
     assert bias == pytest.approx(math.exp(TRACKING_BIAS_RATE))
+
+
+def test_tracking_factor_gain_scales_the_newton_step_and_one_is_the_fixed_step():
+    fixed = tracking_factor(2000, 1000, below=0.02, above=0.005, bias=0.8)
+    assert tracking_factor(2000, 1000, below=0.02, above=0.005, bias=0.8, gain=1.0) == fixed
+    factor, bias = tracking_factor(2000, 1000, below=0.02, above=0.005, bias=0.8, gain=0.25)
+    assert factor == pytest.approx((2 / 0.8) ** (0.25 * 0.5 / 2))
+    assert bias == fixed[1]   # the outer loop does not depend on the gain
+
+
+def test_adapt_gain_halves_on_an_overshoot_and_grows_while_the_error_keeps_its_sign():
+    # The error is ln(K/(k·b)): K = 2k with b = 1 is ln 2 above target.
+    gain, error = adapt_gain(1.0, -0.5, 2000, 1000, 1.0)
+    assert error == pytest.approx(math.log(2)) and gain == GAIN_DOWN
+    gain, error = adapt_gain(0.5, 0.1, 2000, 1000, 1.0)
+    assert gain == 0.5 * GAIN_UP
+    # The bias is part of the target: K = 2k against b = 4 is below it.
+    gain, error = adapt_gain(0.5, 0.1, 2000, 1000, 4.0)
+    assert error == pytest.approx(math.log(0.5)) and gain == 0.5 * GAIN_DOWN
+    # Within its range; an error of 0 (on target, or the first step) leaves it.
+    assert adapt_gain(GAIN_RANGE[0], -1.0, 2000, 1000, 1.0)[0] == GAIN_RANGE[0]
+    assert adapt_gain(GAIN_RANGE[1], 1.0, 2000, 1000, 1.0)[0] == GAIN_RANGE[1]
+    assert adapt_gain(0.3, 0.0, 2000, 1000, 1.0)[0] == 0.3
+    assert adapt_gain(0.3, 1.0, 1000, 1000, 1.0) == (0.3, 0.0)
+    # No entry at all counts as one (the fallback index), as in tracking_factor.
+    assert adapt_gain(1.0, 0.0, 0, 100, 1.0)[1] == pytest.approx(math.log(0.01))
+
+
+def test_tracking_gain_is_adaptive_under_the_momentum_correction_only_by_default():
+    assert not MiCRO(0.01, threshold_scaling="tracking").adaptive_gain           # unchanged
+    assert MiCRO(0.01, threshold_scaling="tracking", momentum=0.9).adaptive_gain
+    assert not MiCRO(0.01, threshold_scaling="tracking", momentum=0.9, tracking_gain="fixed").adaptive_gain
+    assert MiCRO(0.01, threshold_scaling="tracking", tracking_gain="adaptive").adaptive_gain
+    assert not MiCRO(0.01, momentum=0.9).adaptive_gain                           # paper mode
+    with pytest.raises(ConfigurationError, match="pass threshold_scaling='tracking'"):
+        MiCRO(0.01, tracking_gain="adaptive")
+    with pytest.raises(ConfigurationError, match="tracking_gain"):
+        MiCRO(0.01, threshold_scaling="tracking", tracking_gain="slow")
+
+
+def bursty_run(tracking_gain: str, steps: int = 1200) -> np.ndarray:
+    """Union/k per step of MiCRO tracking with the momentum correction on 4 numpy ranks, on
+    gradients of a fixed heterogeneous scale and sign plus noise (the count curve's pile-up
+    under λ that makes the fixed controller overshoot)."""
+    size, n = 4, 20_000
+    rng = np.random.default_rng(3)
+    scale = rng.lognormal(0.0, 1.5, n).astype(np.float32) * rng.choice([-1, 1], n).astype(np.float32)
+    algorithm = MiCRO(0.002, threshold_scaling="tracking", momentum=0.9, tracking_gain=tracking_gain)
+    engines = [Engine(algorithm, NP, r, size) for r in range(size)]
+    group, ratios = LocalGroup(size), []
+    for _ in range(steps):
+        grads = [(scale * (0.3 + rng.standard_normal(n).astype(np.float32))) for _ in range(size)]
+        group.run([e.step("model", [g]) for e, g in zip(engines, grads, strict=True)])
+        stats = engines[0].stats()
+        ratios.append(stats["union"] / stats["k"])
+    return np.asarray(ratios)
+
+
+def test_adaptive_gain_holds_the_density_steady_under_the_momentum_correction():
+    """The fixed step overshoots into a limit cycle (most steps far under k, every few steps a
+    burst); the adaptive gain damps it: the count sits near k at nearly every step, and the mean
+    stays on target."""
+    fixed, adaptive = bursty_run("fixed")[300:], bursty_run("auto")[300:]
+    low, high = np.quantile(fixed, [0.1, 0.9])
+    assert np.median(fixed) < 0.6 and high / low > 8, (low, np.median(fixed), high)
+    low, high = np.quantile(adaptive, [0.1, 0.9])
+    assert 0.7 < low and high < 1.35, (low, high)
+    assert abs(adaptive.mean() - 1.0) < 0.05
+    assert np.all(np.abs(adaptive.reshape(-1, 100).mean(axis=1) - 1.0) < 0.10)
 
 
 # --- metrics and a short run ------------------------------------------------------------------------
