@@ -9,7 +9,8 @@ Keras ``hvd.DistributedOptimizer`` (tf-keras).
 from typing import Any
 
 from ..faces import face_classes
-from .compressor import SparseCompressor, with_model_grouping
+from .compressor import SparseCompressor
+from .grouping import with_model_grouping
 
 # One face class per registered method (TopK, ExDyna, ...), made in hvd_sparse/faces.py.
 FACES = face_classes(SparseCompressor, __name__)

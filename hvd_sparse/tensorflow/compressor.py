@@ -294,11 +294,3 @@ class SparseCompressor(FaceBase, Compressor):
             raise
         return outputs
 
-
-def with_model_grouping(compression: Any, kwargs: dict) -> dict:
-    """Horovod keyword arguments with every gradient in one group (``num_groups=1``) when
-    ``compression`` buckets several tensors together and the caller chose no grouping."""
-    algorithm = getattr(compression, "algorithm", None)
-    if algorithm is not None and algorithm.scope != TENSOR and "groups" not in kwargs:
-        kwargs = {**kwargs, "num_groups": kwargs.get("num_groups") or 1}
-    return kwargs

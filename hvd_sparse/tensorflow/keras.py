@@ -12,6 +12,7 @@ import os
 from typing import Any
 
 from ..errors import ConfigurationError
+from .grouping import with_model_grouping
 
 LEGACY_KERAS_HINT = (
     "TensorFlow's tf.keras is Keras 3 here, and Horovod 0.28.1's Keras DistributedOptimizer does "
@@ -76,8 +77,6 @@ def DistributedOptimizer(optimizer: Any, compression: Any, **kwargs: Any) -> Any
     if check is not None:
         check(optimizer_momentum(optimizer))
     import horovod.tensorflow.keras as hvd_keras
-
-    from .compressor import with_model_grouping
 
     return hvd_keras.DistributedOptimizer(optimizer, compression=compression,
                                           **with_model_grouping(compression, kwargs))
