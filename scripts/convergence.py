@@ -15,7 +15,18 @@ hvd_sparse/algorithms/corrections.py, in the recipe ``RECIPE``), ExDyna tracking
 correction alone (``+momentum``, ``+warmup``, ``+dense-steps``, ``+dense-below``). A run with the
 momentum correction uses an optimizer without momentum (the momentum is in the update); every
 other run keeps the task's recipe. ``dgc-matched`` is DGC at ρ/N, whose build-up brings its
-aggregate density to about the exclusive methods' ρ: the equal-density comparison.
+aggregate density to about the exclusive methods' ρ.
+
+Equal aggregate density: a configuration named ``<name>@<s>x`` runs ``<name>`` at ρ × s (not in
+the default matrix). Each configuration's runs at every density (both ρ, every scale) make one
+curve of quality against aggregate density; the report interpolates every curve at every run's
+aggregate density (linear in its log, never beyond the measured range) and judges ExDyna tracking
+with corrections (the momentum correction alone, and the recipe) against the best DGC curve
+(plain, and with the recipe) at the same aggregate density:
+
+    OMP_NUM_THREADS=1 python scripts/convergence.py --resume --tasks lstm --densities 0.001 \
+        --methods exdyna-tracking+corr@2x exdyna-tracking+corr@4x exdyna-tracking+momentum@4x \
+        dgc@0.125x
 
 Besides quality the runs record the achieved density, the build-up, ExDyna's padding waste
 (imbalance = N·max count / union − 1) and what a step exchanges: the aggregate density (union /
@@ -26,7 +37,8 @@ to the engine's own payload counters (``bytes_sent``/``bytes_received``: what a 
 to and gets out of a collective).
 
 Full run (a few hours on 2 shared cores; writes bench/convergence.{json,png,md},
-bench/convergence_exdyna.png and bench/convergence_exchange.png):
+bench/convergence_exdyna.png, bench/convergence_exchange.png and
+bench/convergence_equal_density.png):
 
     OMP_NUM_THREADS=1 python scripts/convergence.py
 
@@ -48,10 +60,11 @@ from __future__ import annotations
 
 import argparse
 import functools
+import itertools
 import json
 import platform
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from unittest import mock
 
@@ -128,6 +141,16 @@ METHODS.update({f"{name}+corr": with_corrections(name, RECIPE) for name in CORRE
 METHODS.update({f"exdyna-tracking+{lever}": with_corrections("exdyna-tracking", options, quick=False)
                 for lever, options in LEVERS.items()})
 
+# More points on the curves of quality against aggregate density (the equal-density comparison of
+# ExDyna tracking and DGC): a configuration at ρ × the scale after "@" (the table keeps ρ). Not in
+# the default matrix: run them with --methods (char-LSTM, ρ = 0.001).
+SCALED = {"exdyna-tracking+corr@2x": 2.0, "exdyna-tracking+corr@4x": 4.0,
+          "exdyna-tracking+momentum@4x": 4.0, "dgc@0.125x": 0.125}
+METHODS.update({name: replace(METHODS[name.split("@")[0]], quick=False,
+                              density_scale=METHODS[name.split("@")[0]].density_scale * scale)
+                for name, scale in SCALED.items()})
+DEFAULT_METHODS = [m for m in METHODS if m not in SCALED]
+
 # The training recipe of each task (identical for every method): SGD with momentum 0.9 on the
 # averaged gradient, cosine decay of the learning rate to 0 over the budget.
 TASKS = {
@@ -145,7 +168,13 @@ LONG = {"tasks": ["lstm"], "methods": ["dense", "exdyna-tracking+corr"], "densit
 ACCURACY_POINTS = 1.0          # digits: within 1 point of dense at ρ = 0.01 (and, corrected, 0.001)
 PERPLEXITY_SHARE = 0.05        # LSTM: within 5% of dense at ρ = 0.01 (and after LONG's budget)
 MOONSHOT_SHARE = 0.15          # LSTM ρ = 0.001, ExDyna tracking with corrections: within 15%
-EQUAL_DENSITY_SHARE = 0.10     # "equal aggregate density": ExDyna's at most 10% above DGC's
+# Equal aggregate density: each curve of quality against aggregate density is every run of one
+# configuration whatever its density (ρ × the configuration's scale, at every ρ: dgc, dgc-matched
+# and dgc@0.125x are one curve); ExDyna tracking with the momentum correction alone and with the
+# recipe, against DGC plain (its own momentum correction) and with the recipe.
+CURVES = {"ExDyna tracking +momentum": "exdyna-tracking+momentum",
+          "ExDyna tracking +corr": "exdyna-tracking+corr", "DGC": "dgc", "DGC +corr": "dgc+corr"}
+RIVALS = ("DGC", "DGC +corr")
 GAP_CLOSED = 0.20              # DEFT, LAGS: corrections close 20% of the gap to dense
 PADDING_WASTE = 0.10           # ExDyna: imbalance ≤ 10% of the union
 DENSITY_SHARE = 0.05           # ExDyna tracking: achieved density within 5% of target
@@ -177,7 +206,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         args.steps = args.steps or LONG["steps"]
         args.out_dir = args.out_dir or LONG["out_dir"]
     args.tasks = args.tasks or sorted(TASKS)
-    args.methods = args.methods or [m for m in METHODS if METHODS[m].quick or not args.quick]
+    args.methods = args.methods or [m for m in DEFAULT_METHODS if METHODS[m].quick or not args.quick]
     args.densities = args.densities or list(DENSITIES)
     return args
 
@@ -433,6 +462,7 @@ def judge(report: dict) -> list[dict]:
                           f"{runs[0]['steps']} steps")
             targets.append({"target": target, "method": method, "met": bool(met), "measured": text})
     targets += judge_corrections(groups)
+    targets += judge_equal_density(groups)
     for (task, method, density), runs in sorted(groups.items()):
         label = f"{method} ({task}, ρ={density:g}, {runs[0]['steps']} steps)"
         if method.startswith("exdyna"):
@@ -475,23 +505,6 @@ def judge_corrections(groups: dict) -> list[dict]:
     ours, runs = final("lstm", "exdyna-tracking+corr")
     if ours is not None:
         steps = runs[0]["steps"]
-        for rival in ("dgc-matched", "dgc-matched+corr"):
-            theirs, rivals = final("lstm", rival)
-            if theirs is None:
-                continue
-            # Equal density: ExDyna's aggregate density over the run at most EQUAL_DENSITY_SHARE
-            # above DGC's (a lower perplexity bought with more exchange does not count).
-            share = (mean_of(runs, "aggregate_density") / mean_of(rivals, "aggregate_density")
-                     if "aggregate_density" in runs[0] and "aggregate_density" in rivals[0] else None)
-            equal = share is not None and share <= 1.0 + EQUAL_DENSITY_SHARE
-            targets.append({
-                "target": f"ExDyna tracking with corrections beats DGC at equal aggregate density "
-                          f"(LSTM, ρ=0.001, {steps} steps; DGC at ρ/N; ExDyna's density at most "
-                          f"{100 * EQUAL_DENSITY_SHARE:g}% above DGC's)",
-                "method": rival, "met": bool(equal and ours < theirs),
-                "measured": f"perplexity {ours:.3f} ({exchanged(runs)}) vs {theirs:.3f} "
-                            f"({exchanged(rivals)})"
-                            + ("" if share is None else f"; ExDyna's aggregate density {share:.2f}× DGC's")})
         if base is not None:
             gap = ours / base - 1.0
             share = PERPLEXITY_SHARE if steps >= LONG["steps"] else MOONSHOT_SHARE
@@ -525,6 +538,102 @@ def judge_corrections(groups: dict) -> list[dict]:
             "method": method, "met": delta >= -ACCURACY_POINTS,
             "measured": f"accuracy {100 * value:.2f}% vs dense {100 * base:.2f}% ({delta:+.2f} points)"})
     return targets
+
+
+# --- equal aggregate density ------------------------------------------------------------------------
+def same_configuration(a: str, b: str) -> bool:
+    """Whether two configurations differ at most in their density's scale."""
+    x, y = METHODS[a], METHODS[b]
+    return (x.method, x.options, x.momentum) == (y.method, y.options, y.momentum)
+
+
+def curve_points(groups: dict, task: str, curve: str) -> list[dict]:
+    """The runs of ``CURVES[curve]``'s configuration on ``task``, one point per configuration and
+    ρ (seeds averaged), by aggregate density."""
+    points = []
+    for (t, method, density), runs in groups.items():
+        if t != task or method not in METHODS or not same_configuration(method, CURVES[curve]):
+            continue
+        if "aggregate_density" not in runs[0]:
+            continue
+        points.append({"method": method, "rho": density, "density": density * METHODS[method].density_scale,
+                       "x": mean_of(runs, "aggregate_density"), "y": mean_of(runs, "final")})
+    return sorted(points, key=lambda p: p["x"])
+
+
+def interpolate(points: list[dict], x: float) -> float | None:
+    """The curve's quality at aggregate density ``x``: linear in log(aggregate density) between
+    the two measured points around it (the quality itself interpolated linearly); None outside
+    the measured range (no extrapolation)."""
+    if not points or not points[0]["x"] <= x <= points[-1]["x"]:
+        return None
+    for left, right in itertools.pairwise(points):
+        if left["x"] <= x <= right["x"]:
+            if right["x"] == left["x"]:
+                return min(left["y"], right["y"])
+            share = (np.log(x) - np.log(left["x"])) / (np.log(right["x"]) - np.log(left["x"]))
+            return float(left["y"] + share * (right["y"] - left["y"]))
+    return points[0]["y"]   # a single point, at exactly x
+
+
+def better(task: str, a: float, b: float) -> bool:
+    """Whether quality ``a`` beats ``b`` (lower perplexity, higher accuracy)."""
+    return a < b if TASKS[task]["metric"] == "perplexity" else a > b
+
+
+def judge_equal_density(groups: dict) -> list[dict]:
+    """Issue 18: ExDyna tracking with corrections against DGC at equal aggregate density (char-LSTM,
+    ρ = 0.001): each ExDyna configuration's run at ρ = 0.001 against the best of DGC's curves
+    interpolated at the same aggregate density."""
+    targets = []
+    rivals = {name: curve_points(groups, "lstm", name) for name in RIVALS}
+    for name in CURVES:
+        if name in RIVALS:
+            continue
+        for point in curve_points(groups, "lstm", name):
+            if point["method"] != CURVES[name] or point["rho"] != 0.001:
+                continue
+            theirs = {rival: interpolate(points, point["x"]) for rival, points in rivals.items()}
+            covered = {rival: y for rival, y in theirs.items() if y is not None}
+            text = (f"perplexity {point['y']:.3f} at aggregate density {point['x']:.5f}; DGC there: "
+                    + ", ".join(f"{rival} {y:.3f}" if y is not None else f"{rival} not measured that low"
+                                f" (its lowest {rivals[rival][0]['x']:.5f})" if rivals[rival] else
+                                f"{rival} not run" for rival, y in theirs.items()))
+            best = min(covered.values()) if covered else None
+            if best is not None:
+                text += f" ({100 * (point['y'] / best - 1):+.1f}% against the best)"
+            targets.append({
+                "target": "ExDyna tracking with corrections beats DGC at equal aggregate density (LSTM, "
+                          "ρ=0.001, 2000 steps; DGC's curves interpolated in log aggregate density)",
+                "method": name, "met": best is not None and point["y"] < best, "measured": text})
+    return targets
+
+
+def equal_density_table(groups: dict, task: str) -> list[str]:
+    """Every point of every curve, with every curve's quality interpolated at its aggregate density
+    (the measured one in bold; – outside a curve's measured range)."""
+    curves = {name: curve_points(groups, task, name) for name in CURVES}
+    curves = {name: points for name, points in curves.items() if points}
+    if len(curves) < 2:
+        return []
+    accuracy = TASKS[task]["metric"] == "accuracy"
+
+    def cell(value: float | None, own: bool = False) -> str:
+        if value is None:
+            return "–"
+        text = f"{100 * value:.2f}%" if accuracy else f"{value:.3f}"
+        return f"**{text}**" if own else text
+
+    lines = ["| curve | run | density | aggregate density | " + " | ".join(curves) + " |",
+             "|---|---|---|---|" + "---|" * len(curves)]
+    rows = sorted(((p["x"], name, p) for name, points in curves.items() for p in points),
+                  key=lambda row: row[0])
+    for x, name, point in rows:
+        values = [cell(point["y"], True) if other == name else cell(interpolate(curves[other], x))
+                  for other in curves]
+        lines.append(f"| {name} | {point['method']} ρ={point['rho']:g} | {point['density']:g} | {x:.5f} | "
+                     + " | ".join(values) + " |")
+    return lines
 
 
 def fmt_bytes(value: float | None) -> str:
@@ -644,6 +753,18 @@ def markdown(report: dict, targets: list[dict], figures: list[str]) -> str:
     for task in tasks:
         title = "digits CNN" if task == "digits" else "char-LSTM"
         lines += [f"*{title}*", "", *exchange_table(report, groups, task, densities), ""]
+    lines += lags_note(groups)
+    for task in tasks:
+        table = equal_density_table(groups, task)
+        if not table:
+            continue
+        title = "digits CNN (accuracy)" if task == "digits" else "char-LSTM (perplexity)"
+        lines += [f"**Equal aggregate density, {title}.** One curve per configuration, through its runs "
+                  "at every density it was run at (the density column: ρ × the configuration's scale; "
+                  "`dgc-matched` is DGC at ρ/4, `@2x` twice ρ); each row is one run, the bold cell its "
+                  "measured quality, the others every other curve interpolated at the same aggregate "
+                  "density (linear in log aggregate density between the two runs around it; – outside "
+                  "the range a curve was measured over). Single seeds on the char-LSTM.", "", *table, ""]
     lines += ["**Targets on these runs**", "", "| target | method | measured | met |", "|---|---|---|---|"]
     for t in targets:
         lines.append(f"| {t['target']} | {t.get('method', '')} | {t['measured']} | "
@@ -652,12 +773,45 @@ def markdown(report: dict, targets: list[dict], figures: list[str]) -> str:
     return "\n".join(lines)
 
 
+def lags_note(groups: dict) -> list[str]:
+    """Why ``lags+corr`` and ``topk+corr`` coincide, when they do (every run's quality and exchange
+    equal; the bytes on the wire differ by under one per step): with ``dense_below`` every LAGS
+    group holds a single tensor on these models."""
+    pairs = [(key, groups.get((key[0], "topk+corr", key[2]))) for key in groups if key[1] == "lags+corr"]
+    fields = ("final", "aggregate_density", "payload_sent", "payload_received")
+    if not pairs or not all(topk and all(a.get(f) == b.get(f) for a, b in zip(groups[key], topk, strict=True)
+                                         for f in fields) for key, topk in pairs):
+        return []
+    groups_of = {}
+    for task in sorted({key[0] for key, _ in pairs}):
+        named = [(name, p.numel()) for name, p in sim_module.TASKS[task]().model.named_parameters()
+                 if p.requires_grad]
+        plan = sim_module.make_algorithm("lags", 0.001, METHODS["lags+corr"].options).plan(
+            [name for name, _ in named], [n for _, n in named])
+        groups_of[task] = [members for key, members in plan if key != "dense_below"]
+    single = all(len(members) == 1 for plans in groups_of.values() for members in plans)
+    listed = "; ".join(f"{task}: " + ", ".join("+".join(members) for members in plans)
+                       for task, plans in groups_of.items())
+    same = ("`lags+corr` and `topk+corr` coincide exactly (quality, aggregate density and payload, "
+            "every run; the bytes on the wire differ by under one per step)")
+    if not single:
+        return [f"{same}, although some LAGS groups hold several tensors ({listed}): unexpected.", ""]
+    return [f"{same}: with `dense_below={METHODS['lags+corr'].options['dense_below']}` every tensor "
+            f"left sparse is in a LAGS group of its own ({listed}; walking from the last tensor, a "
+            "group closes once it holds 8192 entries, every sparse tensor but the first is larger, "
+            "and the first is what is left), and a one-tensor LAGS group takes the same top-k "
+            "(k = ⌊ρ·n⌋, at least 1) through the same allgather as TopK's per-tensor scope. "
+            "Expected, not a bug; the plain runs differ because there the biases share groups "
+            "with the weights.", ""]
+
+
 def family(method: str) -> str:
     """The plain configuration a configuration belongs to (for colours)."""
-    return method.split("+", 1)[0]
+    return method.split("@", 1)[0].split("+", 1)[0]
 
 
 def style(method: str) -> str:
+    method = method.split("@", 1)[0]
     return "--" if method == "dense" else "-" if "+" not in method else \
         "-." if method.endswith("+corr") else ":"
 
@@ -727,6 +881,7 @@ def plot(report: dict, out_dir: Path) -> list[str]:
         top.legend(fontsize=7, ncol=2)
         written.append(save(fig, out_dir / "convergence_exdyna.png"))
     written += plot_exchange(report, groups, tasks, out_dir, plt)
+    written += plot_equal_density(report, groups, tasks, out_dir, plt)
     return written
 
 
@@ -788,6 +943,41 @@ def plot_exchange(report: dict, groups: dict, tasks: list[str], out_dir: Path, p
             ax.grid(alpha=0.3, which="both")
             ax.legend(fontsize=6, ncol=2, title="○ plain  ★ +corr  △ one correction", title_fontsize=6)
     return [save(fig, out_dir / "convergence_exchange.png")]
+
+
+def plot_equal_density(report: dict, groups: dict, tasks: list[str], out_dir: Path, plt) -> list[str]:
+    """Quality against aggregate density, one line per curve of ``CURVES`` through its runs (the
+    equal-density comparison); the dashed line is dense."""
+    panels = [(task, {name: curve_points(groups, task, name) for name in CURVES}) for task in tasks]
+    panels = [(task, curves) for task, curves in panels if sum(len(p) >= 2 for p in curves.values()) >= 2]
+    if not panels:
+        return []
+    fig, axes = plt.subplots(1, len(panels), figsize=(7 * len(panels), 4.8), squeeze=False)
+    for ax, (task, curves) in zip(axes[0], panels, strict=True):
+        accuracy = report["config"]["tasks"][task]["metric"] == "accuracy"
+        scale = 100 if accuracy else 1
+        dense = groups.get((task, "dense", 1.0))
+        if dense:
+            ax.axhline(mean_of(dense, "final") * scale, color="black", linestyle="--", linewidth=1,
+                       label="dense")
+        for i, (name, points) in enumerate(curves.items()):
+            if not points:
+                continue
+            ax.plot([p["x"] for p in points], [p["y"] * scale for p in points], marker="o*^s"[i % 4],
+                    markersize=8, linestyle="-" if name in RIVALS else "-.", color=plt.cm.tab10(i),
+                    label=name)
+            for p in points:
+                ax.annotate(f"{p['density']:g}", (p["x"], p["y"] * scale), fontsize=6, xytext=(3, 3),
+                            textcoords="offset points")
+        ax.set_xscale("log")
+        ax.set_xlabel("aggregate density (distinct entries exchanged per step / entries, whole run)")
+        ax.set_ylabel("test accuracy (%)" if accuracy else "held-out perplexity")
+        title = "digits CNN" if accuracy else "char-LSTM"
+        ax.set_title(f"{title}, N = {WORLD_SIZE}: quality at equal aggregate density "
+                     "(labels: density run at)", fontsize=9)
+        ax.grid(alpha=0.3, which="both")
+        ax.legend(fontsize=7)
+    return [save(fig, out_dir / "convergence_equal_density.png")]
 
 
 def main() -> None:
