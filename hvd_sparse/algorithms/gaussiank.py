@@ -35,7 +35,7 @@ decisions are the loop's, on the same counts.
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Unpack
 
 import numpy as np
@@ -70,6 +70,152 @@ def rescale_tree(threshold: float, levels: int) -> list[float]:
         i = len(tree)
         tree.append(tree[(i - 1) // 2] * (0.5 if i % 2 else 1.5))
     return tree
+
+
+def band(acc: Any, idx: Any, lower: float | None, upper: float | None, dtype: str, b: Any) -> Any:
+    """The entries of ``idx`` (ascending) with lower <= |a| < upper (None: no bound), in order;
+    |a| < upper as -|a| > -upper."""
+    if lower is not None:
+        idx = b.take(idx, b.indices_where_at_least(b.abs(b.take(acc, idx)), lower))
+    if upper is not None:
+        below = b.scale(b.abs(b.take(acc, idx)), -1.0)
+        idx = b.take(idx, b.indices_where_at_least(below, strictly_above(-upper, dtype)))
+    return idx
+
+
+def bands(acc: Any, idx: Any, lowers: list[float], upper: float | None, dtype: str, b: Any) -> list:
+    """The deferred bands out of ``idx`` (which holds every entry with |a| >= lowers[-1]):
+    lowers[0] <= |a| < upper, then lowers[1] <= |a| < lowers[0], ..."""
+    return [band(acc, idx, lower, high, dtype, b)
+            for lower, high in zip(lowers, [upper, *lowers], strict=False)]
+
+
+@dataclass
+class OriginalLoop:
+    """The state of the "original" loop over one bucket's accumulated vector ``acc``.
+
+    The candidates: their magnitudes and where they are in the bucket. While they are the whole
+    bucket less those kept (all with |a| >= ``kept_from``), both stay implicit (None): counts are
+    read off ``acc`` itself in one pass, and no vector of the bucket's size is made.
+
+    A run of "too few" loops in that state keeps the bands least_i <= |a| < least_{i-1} of λ,
+    λ·0.1, λ·0.01, ...: a read of ``acc`` there also counts |a| >= t at the next ORIGINAL_AHEAD of
+    them (``total``), so that the loops they decide need no read of their own; their bands
+    (``deferred``: each band's lower end; the first one's upper end is ``deferred_from``) are cut
+    out of the next read, which selects all of them.
+    """
+
+    acc: Any
+    b: Any                                   # the backend
+    dtype: str
+    k: int
+    numel: int
+    threshold: float                         # λ of the next loop
+    candidates: Any = None
+    positions: Any = None
+    kept_from: float | None = None
+    kept: list = field(default_factory=list)
+    n_kept: int = 0
+    last_too_many: bool = False
+    total: dict[float, int] = field(default_factory=dict)
+    deferred: list[float] = field(default_factory=list)
+    deferred_from: float | None = None
+
+    def none_left(self, least: float) -> bool:
+        """Implicit candidates, and λ rounds to where it was (0): none left."""
+        return self.candidates is None and self.kept_from is not None and not least < self.kept_from
+
+    def defer_known_too_few(self, least: float) -> bool:
+        """Whether the last read's counts already say "too few" at ``least``; if so, the loop's
+        band is deferred (cut out later) and λ moves on, without a read."""
+        if self.candidates is not None or self.none_left(least) or self.threshold < 0:
+            return False
+        if not self.total.get(least, 2 * self.k / 3) < 2 * self.k / 3:
+            return False
+        if not self.deferred:
+            self.deferred_from = self.kept_from
+        self.deferred.append(least)
+        self.n_kept, self.kept_from = self.total[least], least
+        self.threshold *= 0.1
+        return True
+
+    def above(self, least: float) -> Any:
+        """The candidates with |a| >= ``least``: as positions in ``candidates`` when those are
+        explicit, else as indices of the bucket."""
+        if self.candidates is not None:
+            return self.b.indices_where_at_least(self.candidates, least)
+        if self.none_left(least):
+            return self.b.arange(0, 0, like=self.acc)   # no read
+        return self.read(least)
+
+    def read(self, least: float) -> Any:
+        """One pass over ``acc``: the entries with |a| >= ``least`` not kept earlier, the counts of
+        the next "too few" thresholds, and the deferred bands, kept."""
+        b = self.b
+        probes = ([strictly_above(self.threshold * 0.1 ** (i + 1), self.dtype) for i in range(ORIGINAL_AHEAD)]
+                  if self.kept_from is not None and self.threshold >= 0 else [])
+        above, counts = b.select_at_least(self.acc, 0, self.numel, least, probes)
+        self.total = dict(zip(probes, (round(c) for c in counts), strict=True)) if probes else {}
+        self.kept += bands(self.acc, above, self.deferred, self.deferred_from, self.dtype, b)
+        self.deferred = []
+        if self.kept_from is not None:   # drop those kept earlier: |a| < kept_from
+            above = band(self.acc, above, None, self.kept_from, self.dtype, b)
+        return above
+
+    def keep(self, above: Any) -> None:
+        """Keep ``above`` (as indices of the bucket)."""
+        self.kept.append(above if self.positions is None else self.b.take(self.positions, above))
+        self.n_kept += self.b.numel(above)
+
+    def judge(self, above: Any, least: float) -> bool:
+        """Apply the loop's rule to the count at ``least``; whether the loop goes on."""
+        count = self.n_kept + self.b.numel(above)
+        self.last_too_many = False
+        if count < 2 * self.k / 3:
+            self.keep_too_few(above, least)
+            return True
+        if count > 4 * self.k / 3:
+            self.narrow(above)
+            return True
+        self.keep(above)
+        return False
+
+    def keep_too_few(self, above: Any, least: float) -> None:
+        """Keep ``above``, remove it from the candidates and lower λ ×0.1. λ keeps its sign (it is
+        only ever scaled by positive factors): for λ >= 0 the candidates left are those below λ;
+        for λ < 0 every candidate was above it, so none is left."""
+        b = self.b
+        self.keep(above)
+        if self.threshold >= 0:
+            if self.candidates is None:
+                self.kept_from = least
+            else:
+                self.candidates = b.zero_at(self.candidates, above)
+        else:
+            nothing = b.arange(0, 0, like=self.acc)
+            self.candidates, self.positions = b.abs(b.take(self.acc, nothing)), nothing
+        self.threshold *= 0.1
+
+    def narrow(self, above: Any) -> None:
+        """Too many: the candidates become ``above``, and λ ×2."""
+        b = self.b
+        self.last_too_many = True
+        self.candidates = (b.abs(b.take(self.acc, above)) if self.candidates is None
+                           else b.take(self.candidates, above))
+        self.positions = above if self.positions is None else b.take(self.positions, above)
+        self.threshold *= 2.0
+
+    def finish(self) -> tuple[Any, float]:
+        """The indices kept, and the last λ."""
+        b = self.b
+        if self.deferred:   # the loops ran out in a run of known "too few": one read for their bands
+            everything = b.select_at_least(self.acc, 0, self.numel, self.deferred[-1])[0]
+            self.kept += bands(self.acc, everything, self.deferred, self.deferred_from, self.dtype, b)
+        if self.last_too_many and self.n_kept < 2 * self.k / 3:
+            self.kept.append(self.positions)
+        if not self.kept:
+            return b.arange(0, 0, like=self.acc), self.threshold
+        return b.concat(self.kept), self.threshold
 
 
 class GaussianK(Algorithm):
@@ -135,97 +281,15 @@ class GaussianK(Algorithm):
 
     def _original(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext
                   ) -> tuple[Any, float]:
-        b = ctx.backend
-        # The candidates: their magnitudes and where they are in the bucket. While they are the
-        # whole bucket less those kept (all with |a| >= kept_from), both stay implicit (None):
-        # counts are read off a itself in one pass, and no vector of the bucket's size is made.
-        candidates, positions = None, None
-        kept_from: float | None = None
-        kept: list = []
-        n_kept = 0
-        last_too_many = False
-        # A run of "too few" loops in that state keeps the bands least_i <= |a| < least_{i-1} of
-        # λ, λ·0.1, λ·0.01, ...: a read of a there also counts |a| >= t at the next ORIGINAL_AHEAD
-        # of them (``total``), so that the loops they decide need no read of their own; their
-        # bands (``deferred``: each band's lower end; the first one's upper end is ``deferred_from``)
-        # are cut out of the next read, which selects all of them.
-        total: dict[float, int] = {}
-        deferred: list[float] = []
-        deferred_from: float | None = None
+        """The "original" loop (module docstring), read off ``a`` as ``OriginalLoop`` says."""
+        loop = OriginalLoop(acc, ctx.backend, dtype, k, ctx.numel, threshold)
         for _ in range(self.max_loops):
-            least = strictly_above(threshold, dtype)
-            if candidates is None and kept_from is not None and not least < kept_from:
-                above = b.arange(0, 0, like=acc)   # λ rounds to where it was (0): none left, no read
-            elif candidates is None and threshold >= 0 and total.get(least, 2 * k / 3) < 2 * k / 3:
-                if not deferred:   # too few, known without a read: the band is cut out later
-                    deferred_from = kept_from
-                deferred.append(least)
-                n_kept, kept_from = total[least], least
-                threshold *= 0.1
+            least = strictly_above(loop.threshold, dtype)
+            if loop.defer_known_too_few(least):
                 continue
-            elif candidates is None:
-                probes = ([strictly_above(threshold * 0.1 ** (i + 1), dtype) for i in range(ORIGINAL_AHEAD)]
-                          if kept_from is not None and threshold >= 0 else [])
-                above, counts = b.select_at_least(acc, 0, ctx.numel, least, probes)
-                total = dict(zip(probes, (round(c) for c in counts), strict=True)) if probes else {}
-                kept += self._bands(acc, above, deferred, deferred_from, dtype, b)
-                deferred = []
-                if kept_from is not None:   # drop those kept earlier: |a| < kept_from
-                    above = self._band(acc, above, None, kept_from, dtype, b)
-            else:
-                above = b.indices_where_at_least(candidates, least)
-            count = n_kept + b.numel(above)
-            last_too_many = False
-            if count < 2 * k / 3:
-                kept.append(above if positions is None else b.take(positions, above))
-                n_kept += b.numel(above)
-                # Remove them from the candidates. λ keeps its sign (it is only ever scaled by
-                # positive factors): for λ >= 0 the candidates left are those below λ; for λ < 0
-                # every candidate was above it, so none is left.
-                if threshold >= 0:
-                    if candidates is None:
-                        kept_from = least
-                    else:
-                        candidates = b.zero_at(candidates, above)
-                else:
-                    nothing = b.arange(0, 0, like=acc)
-                    candidates, positions = b.abs(b.take(acc, nothing)), nothing
-                threshold *= 0.1
-            elif count > 4 * k / 3:
-                last_too_many = True
-                candidates = b.abs(b.take(acc, above)) if candidates is None else b.take(candidates, above)
-                positions = above if positions is None else b.take(positions, above)
-                threshold *= 2.0
-            else:
-                kept.append(above if positions is None else b.take(positions, above))
-                n_kept += b.numel(above)
+            if not loop.judge(loop.above(least), least):
                 break
-        if deferred:   # the loops ran out in a run of known "too few": one read for their bands
-            everything = b.select_at_least(acc, 0, ctx.numel, deferred[-1])[0]
-            kept += self._bands(acc, everything, deferred, deferred_from, dtype, b)
-        if last_too_many and n_kept < 2 * k / 3:
-            kept.append(positions)
-        if not kept:
-            return b.arange(0, 0, like=acc), threshold
-        return b.concat(kept), threshold
-
-    @staticmethod
-    def _band(acc: Any, idx: Any, lower: float | None, upper: float | None, dtype: str, b: Any) -> Any:
-        """The entries of ``idx`` (ascending) with lower <= |a| < upper (None: no bound), in order;
-        |a| < upper as -|a| > -upper."""
-        if lower is not None:
-            idx = b.take(idx, b.indices_where_at_least(b.abs(b.take(acc, idx)), lower))
-        if upper is not None:
-            below = b.scale(b.abs(b.take(acc, idx)), -1.0)
-            idx = b.take(idx, b.indices_where_at_least(below, strictly_above(-upper, dtype)))
-        return idx
-
-    def _bands(self, acc: Any, idx: Any, lowers: list[float], upper: float | None, dtype: str,
-               b: Any) -> list:
-        """The deferred bands out of ``idx`` (which holds every entry with |a| >= lowers[-1]):
-        lowers[0] <= |a| < upper, then lowers[1] <= |a| < lowers[0], ..."""
-        return [self._band(acc, idx, lower, high, dtype, b)
-                for lower, high in zip(lowers, [upper, *lowers], strict=False)]
+        return loop.finish()
 
     def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext) -> tuple[Any, float]:
         """The loop above, read off ``a`` in passes that each decide up to RESCALE_AHEAD loops: a
