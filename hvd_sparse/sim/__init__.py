@@ -19,6 +19,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -92,53 +93,83 @@ def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: f
         raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
     algorithm = make_algorithm(method, density, options)
     job = TASKS[task](batch_size=batch_size, seed=seed, **(task_options or {}))
-    model = job.model
-    backend = get_backend("torch")
-    engines = [Engine(algorithm, backend, rank, world_size, write_into_inputs=True)
-               for rank in range(world_size)]
-    group = LocalGroup(world_size, backend)
-    named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-    plan = algorithm.plan([name for name, _ in named], [p.numel() for _, p in named])
-    position = {name: i for i, (name, _) in enumerate(named)}
-    optimizer = torch.optim.SGD([p for _, p in named], lr=lr, momentum=momentum)
+    ranks = SimulatedRanks.build(algorithm, job.model, world_size)
+    optimizer = torch.optim.SGD([p for _, p in ranks.named], lr=lr, momentum=momentum)
     records = []
     for step in range(steps):
         started = time.perf_counter()
         if schedule == "cosine":
             for param_group in optimizer.param_groups:
                 param_group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * step / steps))
-        grads, losses = [], []
-        for rank in range(world_size):
-            model.zero_grad(set_to_none=True)
-            loss = job.loss(model, job.batch(rank, step))
-            loss.backward()
-            grads.append([p.grad for _, p in named])   # fresh tensors: every rank owns its own
-            losses.append(loss.item())
-        averaged: list[Any] = [None] * len(named)
-        for bucket, members in plan:
-            protocols = [engines[r].step(bucket, [grads[r][position[m]] for m in members])
-                         for r in range(world_size)]
-            outputs = group.run(protocols)
-            for member, out in zip(members, outputs[0], strict=True):
-                averaged[position[member]] = out
-            if step % 50 == 0:  # every rank must hold the same average
-                for other in outputs[1:]:
-                    for a, b in zip(outputs[0], other, strict=True):
-                        torch.testing.assert_close(a, b, rtol=0, atol=0)
-        group.run([engine.end_step(None) for engine in engines])
-        for (_, p), g in zip(named, averaged, strict=True):
-            p.grad = g
-        if clip_norm is not None:
-            torch.nn.utils.clip_grad_norm_([p for _, p in named], clip_norm)
+        grads, losses = ranks.gradients(job, step)
+        ranks.apply(ranks.average(grads, step), clip_norm)
         optimizer.step()
-        record = _record(step, float(np.mean(losses)), engines)
+        record = _record(step, float(np.mean(losses)), ranks.engines)
         record["seconds"] = time.perf_counter() - started
         if evaluate_every > 0 and ((step + 1) % evaluate_every == 0 or step == steps - 1):
-            record.update(job.evaluate(model))
+            record.update(job.evaluate(job.model))
         records.append(record)
         if on_record is not None:
             on_record(record)
     return records
+
+
+@dataclass
+class SimulatedRanks:
+    """N ranks' engines over one model's trainable parameters, exchanging in lockstep."""
+
+    engines: list[Engine]
+    group: LocalGroup
+    named: list[tuple[str, torch.nn.Parameter]]   # the trainable parameters, in model order
+    plan: list                                    # the method's buckets: (name, parameter names)
+    position: dict[str, int]                      # parameter name -> index in ``named``
+
+    @classmethod
+    def build(cls, algorithm: Algorithm, model: torch.nn.Module, world_size: int) -> SimulatedRanks:
+        """One engine per rank (torch backend, writing the average into the gradient tensors as
+        the PyTorch face does) and the method's plan of the model."""
+        backend = get_backend("torch")
+        engines = [Engine(algorithm, backend, rank, world_size, write_into_inputs=True)
+                   for rank in range(world_size)]
+        named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
+        plan = algorithm.plan([name for name, _ in named], [p.numel() for _, p in named])
+        return cls(engines, LocalGroup(world_size, backend), named, plan,
+                   {name: i for i, (name, _) in enumerate(named)})
+
+    def gradients(self, job: Any, step: int) -> tuple[list[list], list[float]]:
+        """Every rank's gradients on its own minibatch at the shared parameters, and its loss."""
+        grads, losses = [], []
+        for rank in range(len(self.engines)):
+            job.model.zero_grad(set_to_none=True)
+            loss = job.loss(job.model, job.batch(rank, step))
+            loss.backward()
+            grads.append([p.grad for _, p in self.named])   # fresh tensors: every rank owns its own
+            losses.append(loss.item())
+        return grads, losses
+
+    def average(self, grads: list[list], step: int) -> list[Any]:
+        """The ranks' step, bucket by bucket, then their end of step: the averaged gradient (rank
+        0's; every 50 steps checked identical on every rank)."""
+        averaged: list[Any] = [None] * len(self.named)
+        for bucket, members in self.plan:
+            protocols = [self.engines[r].step(bucket, [grads[r][self.position[m]] for m in members])
+                         for r in range(len(self.engines))]
+            outputs = self.group.run(protocols)
+            for member, out in zip(members, outputs[0], strict=True):
+                averaged[self.position[member]] = out
+            if step % 50 == 0:  # every rank must hold the same average
+                for other in outputs[1:]:
+                    for a, b in zip(outputs[0], other, strict=True):
+                        torch.testing.assert_close(a, b, rtol=0, atol=0)
+        self.group.run([engine.end_step(None) for engine in self.engines])
+        return averaged
+
+    def apply(self, averaged: list[Any], clip_norm: float | None) -> None:
+        """The averaged gradient as the parameters' ``grad``, its norm clipped to ``clip_norm``."""
+        for (_, p), g in zip(self.named, averaged, strict=True):
+            p.grad = g
+        if clip_norm is not None:
+            torch.nn.utils.clip_grad_norm_([p for _, p in self.named], clip_norm)
 
 
 def _rank_facts(engine: Engine) -> dict:
