@@ -474,7 +474,8 @@ def netem_available() -> bool:
         return False
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--quick", action="store_true",
@@ -499,59 +500,75 @@ def main() -> None:
                              "JSON (written back beside it, or to --out) without measuring")
     parser.add_argument("--out", help="output path without extension "
                                       "(default bench/e2e, or bench/e2e-quick with --quick)")
-    args = parser.parse_args()
-    if args.resummarize:
-        source = Path(args.resummarize)
-        result = json.loads(source.read_text())
-        for job in result["jobs"]:
-            job["summary"] = summarize_job(job)
-        result["targets"] = evaluate_targets(result["jobs"])
-        write(Path(args.out) if args.out else source.with_suffix(""), result)
-        return
+    return parser
 
+
+def resummarize(source: Path, out: str | None) -> None:
+    """Summaries, targets and Markdown again from an earlier run's JSON, without measuring."""
+    result = json.loads(source.read_text())
+    for job in result["jobs"]:
+        job["summary"] = summarize_job(job)
+    result["targets"] = evaluate_targets(result["jobs"])
+    write(Path(out) if out else source.with_suffix(""), result)
+
+
+def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
+    """The quick or full plan with the command line's overrides; unknown configurations refused."""
     plan = dict(QUICK if args.quick else FULL)
-    explicit = any(v is not None for v in (args.models, args.nets, args.sizes))
     for key in ("models", "nets", "sizes", "repeats", "rounds", "warmup", "sparse_warmup", "steps"):
         if getattr(args, key) is not None:
             plan[key] = getattr(args, key)
     if args.configs:
         plan["configs"] = args.configs.split(",")
-    configs = plan["configs"]
-    for c in configs:
+    for c in plan["configs"]:
         if not known(c):
             parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}, and any "
                          f"sparsifier with {REFERENCE} (the same with the kernels off)")
-    out = Path(args.out or (REPO / "bench" / ("e2e-quick" if args.quick else "e2e")))
-    out.parent.mkdir(parents=True, exist_ok=True)
-    jobs_to_run = []
+    return plan
+
+
+def plan_jobs(plan: dict, quick: bool, explicit: bool) -> list[tuple[str, str, int]]:
+    """(model, net, size) of every job, the target configurations first: an interrupted run has
+    measured them."""
+    jobs = []
     for model in plan["models"]:
         for net in plan["nets"]:
-            wanted = (model, net) in QUICK_JOBS if args.quick else (model, net) not in FULL_SKIP
+            wanted = (model, net) in QUICK_JOBS if quick else (model, net) not in FULL_SKIP
             if not (explicit or wanted):
                 continue
             for size in plan["sizes"]:
-                jobs_to_run.append((model, net, size))
-    # The target configurations first: an interrupted run has measured them.
+                jobs.append((model, net, size))
     targets = {(COMM_BOUND["model"], COMM_BOUND["net"], COMM_BOUND["size"])}
     targets |= {(COMPUTE_BOUND["model"], COMPUTE_BOUND["net"], size) for size in plan["sizes"]}
-    jobs_to_run.sort(key=lambda job: job not in targets)
-    shaped = [net for _, net, _ in jobs_to_run if net != "loopback"]
+    jobs.sort(key=lambda job: job not in targets)
+    return jobs
+
+
+def check_networks(jobs: list[tuple[str, str, int]], delay: str, parser: argparse.ArgumentParser) -> None:
+    """Refuse rates tc cannot read, emulated networks without root, and a delay without netem."""
+    shaped = [net for _, net, _ in jobs if net != "loopback"]
     for net in shaped:
         if rate_bits(net) is None:
             parser.error(f"network {net!r}: use loopback or a tc rate such as 1gbit or 100mbit")
     if shaped and os.geteuid() != 0:
         parser.error("emulated networks need root (network namespaces, veth, tc); "
                      "run as root or use --nets loopback")
-    if args.delay and not netem_available():
+    if delay and not netem_available():
         parser.error("--delay needs tc netem, which this kernel lacks (CONFIG_NET_SCH_NETEM)")
 
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP end the run as Ctrl-C does: results so far kept, namespaces removed."""
     def on_signal(signum, frame):
         raise StopRequestedError(f"signal {signum}")
 
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGHUP, on_signal)
 
-    result = {
+
+def new_result(args: argparse.Namespace, plan: dict, explicit: bool) -> dict:
+    """The run's record before any job: command, machine, plan."""
+    return {
         "mode": "quick" if args.quick else ("custom" if explicit or args.configs else "full"),
         "command": "python scripts/bench_e2e.py " + " ".join(sys.argv[1:]),
         "machine": machine_info(), "load_average_start": [round(x, 2) for x in os.getloadavg()],
@@ -560,69 +577,114 @@ def main() -> None:
                        else (f"delay {args.delay} per direction" if args.delay else "no added delay")),
         "jobs": [], "targets": [],
     }
+
+
+def worker_arguments(model: str, net: str, size: int, plan: dict, args: argparse.Namespace,
+                     explicit: bool, out: Path) -> tuple[list[str], str, int, int]:
+    """The worker's command line for one job, and its schedule, repeats and timed steps."""
+    batch, schedule = WORKLOADS[model]["batch"], WORKLOADS[model]["schedule"]
+    bits = rate_bits(net)
+    # The probe moves about 0.3 s of traffic at the emulated rate (capped at 64 MB).
+    probe_mb = 64.0 if bits is None else min(64.0, bits * 0.3 / 8 / 1e6 / (2 * (size - 1) / size))
+    steps = plan["steps"]
+    if bits is not None and bits < 5e8 and model == "mlp25m":
+        steps = min(steps, 2)  # a dense step moves ~150 MB per link at 4 ranks
+    if schedule == "interleaved":
+        repeats, steps = plan["rounds"], 1
+    else:
+        repeats = plan["repeats"]
+        if not (args.quick or explicit or args.repeats):
+            repeats = FULL_EXTRA_REPEATS.get((model, net, size), repeats)
+    worker_args = ["--model", model, "--batch", str(batch), "--configs", ",".join(plan["configs"]),
+                   "--density", str(args.density), "--repeats", str(repeats),
+                   "--schedule", schedule,
+                   "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),
+                   "--steps", str(steps),
+                   "--probe-mb", f"{probe_mb:.3f}", "--out", str(out)]
+    return worker_args, schedule, repeats, steps
+
+
+def run_job(model: str, net: str, size: int, plan: dict, args: argparse.Namespace, explicit: bool,
+            workdir: Path) -> dict:
+    """One Horovod job on its network; its result, with its summary."""
+    jobdir = workdir / f"{model}-{net}-{size}"
+    jobdir.mkdir()
+    worker_args, schedule, repeats, steps = worker_arguments(model, net, size, plan, args, explicit,
+                                                             jobdir / "result.json")
+    print(f"[bench_e2e] {model} batch {WORKLOADS[model]['batch']}/rank, {size} ranks, {net}: "
+          f"{len(plan['configs'])} configurations, {schedule}, {repeats} x {steps} timed steps each",
+          flush=True)
+    load_before = [round(x, 2) for x in os.getloadavg()]
+    began = time.time()
+    if net == "loopback":
+        if args.loopback_launcher == "horovodrun":
+            launch_horovodrun(size, worker_args, jobdir, args.job_timeout)
+        else:
+            launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=False)
+        launcher = f"{args.loopback_launcher} (lo)"
+    else:
+        print("[bench_e2e]   " + netns("up", str(size), net, *([args.delay] if args.delay else [])),
+              flush=True)
+        launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=True)
+        launcher = "gloo in network namespaces"
+    job = json.loads((jobdir / "result.json").read_text())
+    job.update(net=net, launcher=launcher, wall_seconds=round(time.time() - began, 1),
+               load_average_before=load_before,
+               load_average_after=[round(x, 2) for x in os.getloadavg()])
+    job["summary"] = summarize_job(job)
+    return job
+
+
+def print_job(job: dict, configs: list[str]) -> None:
+    """Each configuration's median step time and ratio to dense."""
+    for config in configs:
+        row = job["summary"].get(config)
+        if row:
+            ratio = row.get("ratio_to_dense", {}).get("median", float("nan"))
+            print(f"[bench_e2e]   {config:16s} {row['step_seconds']['median'] * 1e3:8.1f} ms "
+                  f"x{ratio:.3f} dense", flush=True)
+
+
+def run_jobs(jobs: list[tuple[str, str, int]], plan: dict, args: argparse.Namespace, explicit: bool,
+             result: dict, out: Path) -> None:
+    """Every job in turn, writing the results after each; namespaces and work folder removed at
+    the end, on error and on Ctrl-C."""
     workdir = Path(tempfile.mkdtemp(prefix="bench_e2e."))
     try:
-        for model, net, size in jobs_to_run:
-            batch, schedule = WORKLOADS[model]["batch"], WORKLOADS[model]["schedule"]
-            bits = rate_bits(net)
-            # The probe moves about 0.3 s of traffic at the emulated rate (capped at 64 MB).
-            probe_mb = 64.0 if bits is None else min(64.0, bits * 0.3 / 8 / 1e6 / (2 * (size - 1) / size))
-            steps = plan["steps"]
-            if bits is not None and bits < 5e8 and model == "mlp25m":
-                steps = min(steps, 2)  # a dense step moves ~150 MB per link at 4 ranks
-            if schedule == "interleaved":
-                repeats, steps = plan["rounds"], 1
-            else:
-                repeats = plan["repeats"]
-                if not (args.quick or explicit or args.repeats):
-                    repeats = FULL_EXTRA_REPEATS.get((model, net, size), repeats)
-            jobdir = workdir / f"{model}-{net}-{size}"
-            jobdir.mkdir()
-            worker_args = ["--model", model, "--batch", str(batch), "--configs", ",".join(configs),
-                           "--density", str(args.density), "--repeats", str(repeats),
-                           "--schedule", schedule,
-                           "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),
-                           "--steps", str(steps),
-                           "--probe-mb", f"{probe_mb:.3f}", "--out", str(jobdir / "result.json")]
-            print(f"[bench_e2e] {model} batch {batch}/rank, {size} ranks, {net}: {len(configs)} "
-                  f"configurations, {schedule}, {repeats} x {steps} timed steps each", flush=True)
-            load_before = [round(x, 2) for x in os.getloadavg()]
-            began = time.time()
-            if net == "loopback":
-                if args.loopback_launcher == "horovodrun":
-                    launch_horovodrun(size, worker_args, jobdir, args.job_timeout)
-                else:
-                    launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=False)
-                launcher = f"{args.loopback_launcher} (lo)"
-            else:
-                print("[bench_e2e]   " + netns("up", str(size), net, *([args.delay] if args.delay else [])),
-                      flush=True)
-                launch_gloo(size, worker_args, jobdir, args.job_timeout, namespaces=True)
-                launcher = "gloo in network namespaces"
-            job = json.loads((jobdir / "result.json").read_text())
-            job.update(net=net, launcher=launcher, wall_seconds=round(time.time() - began, 1),
-                       load_average_before=load_before,
-                       load_average_after=[round(x, 2) for x in os.getloadavg()])
-            job["summary"] = summarize_job(job)
+        for model, net, size in jobs:
+            job = run_job(model, net, size, plan, args, explicit, workdir)
             result["jobs"].append(job)
-            for config in configs:
-                row = job["summary"].get(config)
-                if row:
-                    ratio = row.get("ratio_to_dense", {}).get("median", float("nan"))
-                    print(f"[bench_e2e]   {config:16s} {row['step_seconds']['median'] * 1e3:8.1f} ms "
-                          f"x{ratio:.3f} dense", flush=True)
+            print_job(job, plan["configs"])
             result["targets"] = evaluate_targets(result["jobs"])
             write(out, result)  # after every job: an interrupted run keeps what it measured
     except (KeyboardInterrupt, StopRequestedError):
         print("[bench_e2e] interrupted; results so far are in " + str(out) + ".json", file=sys.stderr)
         raise SystemExit(130) from None
     finally:
-        if any(net != "loopback" for _, net, _ in jobs_to_run):
+        if any(net != "loopback" for _, net, _ in jobs):
             try:
                 netns("down")
             except RuntimeError as error:
                 print(error, file=sys.stderr)
         shutil.rmtree(workdir, ignore_errors=True)
+
+
+def main() -> None:
+    """Measure (or, with ``--resummarize``, summarize again) and write the results."""
+    parser = build_parser()
+    args = parser.parse_args()
+    if args.resummarize:
+        resummarize(Path(args.resummarize), args.out)
+        return
+    plan = make_plan(args, parser)
+    explicit = any(v is not None for v in (args.models, args.nets, args.sizes))
+    out = Path(args.out or (REPO / "bench" / ("e2e-quick" if args.quick else "e2e")))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    jobs = plan_jobs(plan, args.quick, explicit)
+    check_networks(jobs, args.delay, parser)
+    stop_on_signals()
+    result = new_result(args, plan, explicit)
+    run_jobs(jobs, plan, args, explicit, result, out)
     write(out, result)
     for t in result["targets"]:
         print(f"[bench_e2e] target: {t['target']}: {'met' if t['met'] else 'NOT met'}")

@@ -24,6 +24,8 @@ import os
 import platform
 import statistics
 import time
+from dataclasses import dataclass
+from typing import Any
 
 # name -> (registry method or a Horovod compression, options). "local" trains without any
 # communication: the computation's own cost, measured under the same CPU contention.
@@ -110,7 +112,8 @@ def block_order(configs: list[str], repeat: int) -> list[str]:
     return order[::-1] if repeat % 2 else order
 
 
-def main() -> None:
+def build_parser() -> argparse.ArgumentParser:
+    """The worker's command line (bench_e2e.py builds it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=MODELS, default="mlp25m")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
@@ -130,7 +133,92 @@ def main() -> None:
                              "--steps steps; interleaved: every configuration alive, one step "
                              "each per round (--repeats rounds)")
     parser.add_argument("--out", required=True)
-    args = parser.parse_args()
+    return parser
+
+
+@dataclass
+class Job:
+    """This rank's part of the job: the arguments, the frameworks (imported in ``main``, after
+    the command line is read) and the rank's fixed batches."""
+
+    args: argparse.Namespace
+    hvd: Any
+    torch: Any
+    hvd_sparse: Any
+    rank: int
+    batches: list
+
+    def trainer(self, config: str, tag: str) -> Trainer:
+        return Trainer(config, self.args, tag, self.hvd, self.torch, self.hvd_sparse)
+
+    def warm_up(self, trainer: Trainer) -> None:
+        """The configuration's untimed steps."""
+        for step in range(trainer.warmup_steps(self.args)):
+            trainer.step(*self.batches[step % len(self.batches)])
+
+    def timed_step(self, trainer: Trainer, step: int) -> list[float]:
+        """Ranks start aligned (a barrier, untimed); the step's time on this rank follows."""
+        self.hvd.barrier()
+        return trainer.step(*self.batches[step % len(self.batches)])
+
+
+def run_blocks(job: Job, configs: list[str]) -> list[dict]:
+    """Per repeat, each configuration in turn: a fresh model, optimizer and compressor per visit
+    (memory for one configuration only), warmed up, then ``--steps`` timed steps."""
+    args, records = job.args, []
+    for repeat in range(args.repeats):
+        for config in block_order(configs, repeat):
+            trainer = job.trainer(config, f"r{repeat}")
+            job.warm_up(trainer)
+            steps = [job.timed_step(trainer, step) for step in range(args.steps)]
+            records.append(trainer.record(repeat, steps, job.batches, args.stat_steps))
+            del trainer
+            gc.collect()  # the configuration's model, optimizer and residuals go now
+            if job.rank == 0:
+                print(f"[e2e] repeat {repeat} {config}: "
+                      f"{statistics.fmean(sum(s[:3]) for s in steps) * 1e3:.1f} ms/step", flush=True)
+    return records
+
+
+def run_interleaved(job: Job, configs: list[str]) -> list[dict]:
+    """Every configuration alive at once; one timed step of each per round, in rotated order."""
+    args, records = job.args, []
+    trainers = {config: job.trainer(config, "i") for config in configs}
+    for trainer in trainers.values():
+        job.warm_up(trainer)
+    timed: dict[str, list[tuple[int, list[float]]]] = {config: [] for config in configs}
+    for repeat in range(args.repeats):
+        for config in block_order(configs, repeat):
+            timed[config].append((repeat, job.timed_step(trainers[config], repeat)))
+        if job.rank == 0 and repeat % 5 == 4:
+            print(f"[e2e] round {repeat + 1}/{args.repeats}", flush=True)
+    for config, trainer in trainers.items():
+        stats = trainer.record(0, [], job.batches, args.stat_steps)
+        for repeat, step in timed[config]:
+            records.append({**stats, "repeat": repeat, "steps": [step]})
+    return records
+
+
+def write_result(args: argparse.Namespace, merged: list[dict], size: int, configs: list[str],
+                 probe: dict, torch_version: str) -> None:
+    """Rank 0's JSON: the job's settings, the bandwidth probe and the merged records."""
+    out = {
+        "model": args.model, "numel": merged[0]["numel"] if merged else None,
+        "batch_per_rank": args.batch, "size": size, "density": args.density,
+        "schedule": args.schedule, "repeats": args.repeats, "warmup": args.warmup,
+        "sparse_warmup": args.sparse_warmup, "steps": args.steps, "stat_steps": args.stat_steps,
+        "configs": configs, "probe": probe, "records": merged,
+        "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
+                                                    "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
+        "torch": torch_version, "python": platform.python_version(),
+    }
+    with open(args.out, "w") as f:
+        json.dump(out, f, indent=1)
+
+
+def main() -> None:
+    """Measure every configuration on this rank; rank 0 writes the merged records."""
+    args = build_parser().parse_args()
 
     import horovod.torch as hvd
     import torch
@@ -152,62 +240,12 @@ def main() -> None:
     _, shape = build_model(args.model)
     batches = [(torch.randn(args.batch, *shape, generator=generator),
                 torch.randint(0, 10, (args.batch,), generator=generator)) for _ in range(4)]
-
-    def make_trainer(config: str, tag: str) -> Trainer:
-        return Trainer(config, args, tag, hvd, torch, hvd_sparse)
-
-    def timed_step(trainer: Trainer, step: int) -> list[float]:
-        """Ranks start aligned (a barrier, untimed); the step's time on this rank follows."""
-        hvd.barrier()
-        return trainer.step(*batches[step % len(batches)])
-
-    records: list[dict] = []
-    if args.schedule == "blocks":
-        # A fresh model, optimizer and compressor per visit: memory for one configuration only.
-        for repeat in range(args.repeats):
-            for config in block_order(configs, repeat):
-                trainer = make_trainer(config, f"r{repeat}")
-                for step in range(trainer.warmup_steps(args)):
-                    trainer.step(*batches[step % len(batches)])
-                steps = [timed_step(trainer, step) for step in range(args.steps)]
-                records.append(trainer.record(repeat, steps, batches, args.stat_steps))
-                del trainer
-                gc.collect()  # the configuration's model, optimizer and residuals go now
-                if rank == 0:
-                    print(f"[e2e] repeat {repeat} {config}: "
-                          f"{statistics.fmean(sum(s[:3]) for s in steps) * 1e3:.1f} ms/step", flush=True)
-    else:
-        # Every configuration alive at once; one timed step of each per round, in rotated order.
-        trainers = {config: make_trainer(config, "i") for config in configs}
-        for trainer in trainers.values():
-            for step in range(trainer.warmup_steps(args)):
-                trainer.step(*batches[step % len(batches)])
-        timed: dict[str, list[tuple[int, list[float]]]] = {config: [] for config in configs}
-        for repeat in range(args.repeats):
-            for config in block_order(configs, repeat):
-                timed[config].append((repeat, timed_step(trainers[config], repeat)))
-            if rank == 0 and repeat % 5 == 4:
-                print(f"[e2e] round {repeat + 1}/{args.repeats}", flush=True)
-        for config, trainer in trainers.items():
-            stats = trainer.record(0, [], batches, args.stat_steps)
-            for repeat, step in timed[config]:
-                records.append({**stats, "repeat": repeat, "steps": [step]})
+    job = Job(args, hvd, torch, hvd_sparse, rank, batches)
+    records = run_blocks(job, configs) if args.schedule == "blocks" else run_interleaved(job, configs)
 
     everyone = hvd.allgather_object(records, name="e2e.records")
     if rank == 0:
-        merged = merge_ranks(everyone)
-        out = {
-            "model": args.model, "numel": merged[0]["numel"] if merged else None,
-            "batch_per_rank": args.batch, "size": size, "density": args.density,
-            "schedule": args.schedule, "repeats": args.repeats, "warmup": args.warmup,
-            "sparse_warmup": args.sparse_warmup, "steps": args.steps, "stat_steps": args.stat_steps,
-            "configs": configs, "probe": probe, "records": merged,
-            "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
-                                                        "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
-            "torch": torch.__version__, "python": platform.python_version(),
-        }
-        with open(args.out, "w") as f:
-            json.dump(out, f, indent=1)
+        write_result(args, merge_ranks(everyone), size, configs, probe, torch.__version__)
     hvd.shutdown()
 
 
