@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from tests.multiproc.launch import REPO
-from tests.multiproc.torchrun import assert_ranks_passed, torchrun
+from tests.multiproc.torchrun import assert_ranks_passed, print_failure, torchrun
 
 pytestmark = pytest.mark.multiproc
 
@@ -60,5 +60,6 @@ def test_ddp_baselines_refusals_and_a_resume_at_another_world_size(size, resume_
 def test_the_digits_example_learns_under_torchrun():
     result = torchrun(str(REPO / "examples" / "digits_ddp.py"), 2,
                       ["--method", "exdyna", "--epochs", "4", "--min-accuracy", "0.5"], timeout=180)
+    print_failure(result)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "done: weights identical on all 2 ranks" in result.stdout

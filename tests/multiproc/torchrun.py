@@ -58,11 +58,18 @@ def torchrun(worker: str, size: int, args: list[str] | None = None, nnodes: int 
 def assert_ranks_passed(result: subprocess.CompletedProcess, size: int) -> str:
     """``launch.assert_passed``, with the ranks' own error lines first: torchrun's report of a
     failed worker would otherwise fill the message's tail."""
+    print_failure(result)
+    return assert_passed(result, size)
+
+
+def print_failure(result: subprocess.CompletedProcess) -> None:
+    """A failed job's telling stderr lines (errors, tracebacks, a fatal signal's first lines), which
+    pytest shows with the failure: the tail alone is torchrun's report and faulthandler's list of
+    extension modules."""
     if result.returncode != 0:
         telling = [line for line in result.stderr.splitlines()
                    if re.search(r"Fatal|terminate|Error|error:|Traceback|File \"|Thread 0x|signal", line)]
-        print("\n".join(telling[:150]))
-    return assert_passed(result, size)
+        print("\n".join(line[:300] for line in telling[:150]))
 
 
 def stop(agent: subprocess.Popen) -> None:

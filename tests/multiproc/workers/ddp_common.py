@@ -132,4 +132,5 @@ def finish(rank: int, size: int) -> None:
     dist.all_reduce(total)
     assert total.item() == size
     print(f"PASSED rank={rank} size={size}", flush=True)
+    dist.barrier()   # Gloo's threads let go of ``total`` before Python shuts down (docs/ddp.md)
     dist.destroy_process_group()
