@@ -14,15 +14,17 @@
 # 4. ExDyna and MiCRO with the momentum correction (the fused Triton op), kernels on and off, over
 #    the momentum floor: scripts/bench_select.py --device cuda --sizes 25e6 --world-sizes
 #    --methods exdyna micro --kernels on off --momentum 0.9
+# 5. The DDP face on NCCL and CUDA tensors: every method as a DDP communication hook, one rank per
+#    GPU, error feedback checked on every step (scripts/ddp_cuda_check.py)
 #
 # Logs go to bench/gpu/ (cuda_tests_<gpu>.log, topk_kernels_<gpu>.log, select_kernels_<gpu>.log,
-# select_momentum_<gpu>.log; the selection benchmarks' JSON, Markdown and figure to
+# select_momentum_<gpu>.log, ddp_nccl_<gpu>.log; the selection benchmarks' JSON, Markdown and figure to
 # bench/gpu/select/ and bench/gpu/select-momentum/), where
 # scripts/report.py collects them. On a lent machine whose tool returns only what is written under
 # $OUT, they go to $OUT/bench/gpu/ instead, as they are written (so a run killed at its time limit
 # still returns them): copy that folder over bench/gpu/ afterwards. Each stage has a time limit
-# (GPU_CHECK_TEST_SECONDS 210, GPU_CHECK_TOPK_SECONDS 50, GPU_CHECK_BENCH_SECONDS 240,
-# GPU_CHECK_MOMENTUM_SECONDS 70 by default) so that the whole run fits a 10-minute lease; a stage
+# (GPU_CHECK_TEST_SECONDS 190, GPU_CHECK_TOPK_SECONDS 45, GPU_CHECK_BENCH_SECONDS 190,
+# GPU_CHECK_MOMENTUM_SECONDS 70, GPU_CHECK_DDP_SECONDS 90 by default) so that the whole run fits a 10-minute lease; a stage
 # cut off keeps its log as far as it got and says so. The first use of each Triton kernel
 # compiles it (seconds; cached on disk), which the tests pay, and the benchmarks' warm-up calls.
 #
@@ -35,10 +37,11 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 out="${OUT:+$OUT/bench/gpu}"
 out="${out:-$repo/bench/gpu}"
-test_seconds=${GPU_CHECK_TEST_SECONDS:-210}
-topk_seconds=${GPU_CHECK_TOPK_SECONDS:-50}
-bench_seconds=${GPU_CHECK_BENCH_SECONDS:-240}
+test_seconds=${GPU_CHECK_TEST_SECONDS:-190}
+topk_seconds=${GPU_CHECK_TOPK_SECONDS:-45}
+bench_seconds=${GPU_CHECK_BENCH_SECONDS:-190}
 momentum_seconds=${GPU_CHECK_MOMENTUM_SECONDS:-70}
+ddp_seconds=${GPU_CHECK_DDP_SECONDS:-90}
 
 log() { printf '[gpu_check] %s\n' "$*"; }
 die() { printf '[gpu_check] ERROR: %s\n' "$*" >&2; exit 2; }
@@ -105,6 +108,9 @@ run_stage "selection benchmark, kernels on and off" "$out/select_kernels_$tag.lo
 run_stage "momentum correction: ExDyna and MiCRO over the momentum floor" "$out/select_momentum_$tag.log" \
     "$momentum_seconds" "$python" scripts/bench_select.py --device cuda --sizes 25e6 --world-sizes \
     --methods exdyna micro --kernels on off --momentum 0.9 --repeats 5 --out-dir "$out/select-momentum"
+gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
+run_stage "DDP hooks on NCCL and CUDA tensors, $gpus rank(s)" "$out/ddp_nccl_$tag.log" "$ddp_seconds" \
+    "$python" -m torch.distributed.run --standalone --nproc_per_node="$gpus" scripts/ddp_cuda_check.py
 
 log "done (status $status); logs in $out/"
 exit "$status"
