@@ -72,6 +72,8 @@ class ElasticCompressor:
 
     # --- Horovod's State calls ------------------------------------------------------------------
     def save(self) -> None:
+        """Commit: a host copy of this rank's residuals and control state, and (one allreduce) the ranks'
+        residual norms."""
         self.face._follow_world()   # a reset without sync that no step has seen yet
         engine = self.face._ensure_engine()
         size, previous = engine.size, self._committed_rank
@@ -88,10 +90,12 @@ class ElasticCompressor:
         self._counted = False
 
     def restore(self) -> None:
+        """Roll back to the last commit (applied when the engine is next built)."""
         self._resume = self._committed
         self.face._drop_engine()
 
     def sync(self, broadcast_object: Callable[[Any], Any]) -> None:
+        """After a reset: rebuild for the new rank and world size from rank 0's rank-independent state."""
         own = self._own_state()
         self.face._drop_engine()
         engine = self.face._ensure_engine()
@@ -129,6 +133,7 @@ class ElasticCompressor:
 
     # --- statistics -----------------------------------------------------------------------------
     def stats(self) -> dict:
+        """Resets, departed ranks and their residual norm at the last commit."""
         return {"elastic_resets": self.resets, "departed_ranks": list(self.departed_ranks),
                 "departed_residual_norm": self.departed_residual_norm}
 

@@ -161,6 +161,7 @@ class FaceBase:
         return self._ensure_engine().state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a ``state_dict`` (docs/architecture.md#checkpoints)."""
         self._ensure_engine().load_state_dict(state)
 
     def __repr__(self) -> str:

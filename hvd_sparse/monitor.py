@@ -122,6 +122,7 @@ class StatsLogger:
         return values
 
     def close(self) -> None:
+        """Close the TensorBoard writer, if any."""
         if self._writer is not None:
             self._writer.close()
             self._writer = None

@@ -110,6 +110,7 @@ def check_density(density: Any) -> float:
 
 
 def check_choice(option: str, value: Any, choices: tuple) -> Any:
+    """``value`` if it is one of ``choices``, else a ``ConfigurationError`` naming ``option``."""
     if value not in choices:
         raise ConfigurationError(f"{option} must be one of {choices}, got {value!r}")
     return value
@@ -153,6 +154,7 @@ class Algorithm:
 
     @property
     def corrections(self) -> Corrections:
+        """The corrections every method takes (momentum, warm-up, dense steps, dense small tensors)."""
         return self._corrections
 
     @property
@@ -223,6 +225,7 @@ class Algorithm:
         return finished(self.select_local(acc, control, ctx))
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
+        """This rank's indices, chosen from ``acc`` alone (``select`` without collectives)."""
         raise NotImplementedError
 
     def piggyback(self, control: Any, ctx: StepContext) -> Any:

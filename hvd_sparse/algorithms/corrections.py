@@ -87,6 +87,7 @@ class Corrections:
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
+        """The options' names, in declaration order."""
         return tuple(f.name for f in fields(cls))
 
     def changed(self) -> dict[str, Any]:

@@ -286,10 +286,12 @@ class DEFT(Algorithm):
 
     @property
     def select_collectives(self) -> bool:
+        """Yes: the master broadcasts the bin assignment in ``select``."""
         return True   # the master broadcasts the bin assignment in ``select``
 
     # --- control state ----------------------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> DeftControl:
+        """The unit table of the bucket for this world size, at the step it is made."""
         return DeftControl(self._unit_table(ctx), ctx.size, step=ctx.step)
 
     def _unit_table(self, ctx: StepContext) -> UnitTable:
@@ -303,10 +305,12 @@ class DEFT(Algorithm):
         return build_unit_table(sizes, ctx.size)
 
     def control_state(self, control: DeftControl) -> dict:
+        """Step, world size and unit table, as plain data."""
         return {"format": CONTROL_FORMAT, "step": control.step, "world_size": control.world_size,
                 "unit_starts": list(control.table.starts), "unit_sizes": list(control.table.sizes)}
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> DeftControl:
+        """The checkpoint's unit table, or one rebuilt (with a warning) at another world size."""
         table = self._unit_table(ctx)
         if saved_size != ctx.size:
             warnings.warn(f"hvd_sparse DEFT: unit table rebuilt for world size {ctx.size} (the "
@@ -328,6 +332,8 @@ class DEFT(Algorithm):
         return acc
 
     def select(self, acc: Any, control: DeftControl, ctx: StepContext) -> Protocol:
+        """Per-unit k from the norms, the master's bin packing broadcast, and this rank's selection in its
+        bins (module docstring)."""
         b, table, n_ranks = ctx.backend, control.table, ctx.size
         # The norms of accumulate, where this is the vector it made (not the zeros of a step
         # whose gradient was not finite); the same values segment_norms gives.
@@ -392,6 +398,8 @@ class DEFT(Algorithm):
         return b.concat([gathered, b.from_numpy(extra, like=gathered)])
 
     def observe(self, control: DeftControl, outcome: StepOutcome, ctx: StepContext) -> DeftControl:
+        """The step's statistics: per-rank counts read off the gathered indices, imbalance, costs, k per
+        unit."""
         n_ranks, table = ctx.size, control.table
         gathered = np.asarray(ctx.backend.to_numpy(outcome.gathered_indices), dtype=np.int64)
         counts = per_rank_counts(gathered, table, control.bins, control.master, control.fallback_ranks)

@@ -26,4 +26,5 @@ class DenseAverage(Algorithm):
         super().__init__(1.0, scope=scope)
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
+        """Every index: the plain average."""
         return ctx.backend.arange(0, ctx.numel, like=acc)

@@ -77,6 +77,7 @@ class SamplingPlan:
 
 
 def sampling_plan(numel: int, density: float, sample_ratio: float) -> SamplingPlan:
+    """k, the sampling stride and the sample count for ``numel`` entries at ``density``."""
     k = min(numel, max(1, math.ceil(numel * density)))
     stride, num_samples = 1, numel
     if sample_ratio < 1.0:
@@ -182,14 +183,17 @@ class DGC(Algorithm):
         return ctx.density if ctx.density is not None else self.current_density
 
     def k(self, numel: int, density: float | None = None) -> int:
+        """k at ``density`` (default the current warm-up density), as the sampling plan rounds it."""
         density = self.current_density if density is None else density
         return sampling_plan(numel, density, self.sample_ratio).k
 
     # --- clipping before the momentum correction ------------------------------------------------------
     def init_control(self, ctx: StepContext) -> DGCControl:
+        """No threshold yet."""
         return DGCControl()
 
     def accumulate(self, residual: Any, tensors: list, control: DGCControl, ctx: StepContext) -> Any:
+        """Error feedback, with the gradient's norm clipped first when ``clip_norm`` is set."""
         if self.clip_norm is None:   # the engine's accumulation (one pass with a kernel)
             return super().accumulate(residual, tensors, control, ctx)
         b = ctx.backend
@@ -202,6 +206,7 @@ class DGC(Algorithm):
 
     # --- selection -------------------------------------------------------------------------------------
     def select_local(self, acc: Any, control: DGCControl, ctx: StepContext) -> Any:
+        """The sampled threshold, and the entries above it (module docstring)."""
         b = ctx.backend
         density = self.step_density(ctx)
         plan = sampling_plan(ctx.numel, density, self.sample_ratio)
@@ -240,6 +245,7 @@ class DGC(Algorithm):
         return b.slice(idx, 0, plan.k) if b.numel(idx) > plan.k else idx
 
     def target_k(self, control: DGCControl, ctx: StepContext) -> int:
+        """The k of the step's selection, or of the step's density before one."""
         return control.k if control.k is not None else self.k(ctx.numel, self.step_density(ctx))
 
     def masks_momentum(self, control: DGCControl, ctx: StepContext) -> bool:
@@ -248,6 +254,7 @@ class DGC(Algorithm):
 
     # --- statistics and checkpoints ----------------------------------------------------------------------
     def control_stats(self, control: DGCControl) -> dict:
+        """The last threshold, and the warm-up's density as ``density_target``."""
         out = {}
         if control.threshold is not None:
             out["threshold"] = control.threshold
@@ -256,9 +263,11 @@ class DGC(Algorithm):
         return out
 
     def control_state(self, control: DGCControl) -> dict:
+        """Threshold, density and k of the last step."""
         return {"threshold": control.threshold, "density": control.density, "k": control.k}
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> DGCControl:
+        """The checkpoint's threshold, density and k (older checkpoints' momentum is read by the engine)."""
         # Checkpoints before the engine kept the momentum had it here (per rank): the engine
         # reads it from there (Engine._restore).
         known = {k: v for k, v in state.items() if k in ("threshold", "density", "k")}

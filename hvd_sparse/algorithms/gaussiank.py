@@ -52,6 +52,7 @@ ORIGINAL_AHEAD = 8  # "too few" loops of "original" a read of a can decide: the 
 
 @dataclass
 class GaussianControl:
+    """One bucket's control state on this rank."""
     threshold: float | None = None   # the last λ this rank used for the bucket
 
 
@@ -252,6 +253,7 @@ class GaussianK(Algorithm):
         return mean + std * statistics.NormalDist().inv_cdf(1.0 - density / 2.0)
 
     def init_control(self, ctx: StepContext) -> GaussianControl:
+        """No threshold yet."""
         return GaussianControl()
 
     def accumulate_select(self, residual: Any, tensors: list, control: GaussianControl, ctx: StepContext,
@@ -266,6 +268,7 @@ class GaussianK(Algorithm):
         return acc, self._select(acc, *moments, control, ctx), True
 
     def select_local(self, acc: Any, control: GaussianControl, ctx: StepContext) -> Any:
+        """The selection from μ and σ of ``acc`` (``Backend.mean_std``)."""
         return self._select(acc, *ctx.backend.mean_std(acc), control, ctx)
 
     def _select(self, acc: Any, mean: float, std: float, control: GaussianControl, ctx: StepContext) -> Any:
@@ -322,4 +325,5 @@ class GaussianK(Algorithm):
                 return b.select_at_least(acc, 0, ctx.numel, strictly_above(threshold, dtype))[0], threshold
 
     def control_stats(self, control: GaussianControl) -> dict:
+        """The last λ, once there is one."""
         return {} if control.threshold is None else {"threshold": control.threshold}

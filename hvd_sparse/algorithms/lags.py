@@ -237,9 +237,11 @@ class LAGS(Algorithm):
 
     # --- grouping and selection -------------------------------------------------------------------
     def group(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
+        """The merged layer groups (``plan_groups``)."""
         return plan_groups(keys, sizes, self.merge_threshold)
 
     def target_k(self, control: LagsControl, ctx: StepContext) -> int:
+        """The group's k at its current density."""
         return group_k(self.group_density(control, ctx), ctx.numel)
 
     def group_density(self, control: LagsControl, ctx: StepContext) -> float:
@@ -249,14 +251,17 @@ class LAGS(Algorithm):
         return min(1.0, control.density * self.step_density(ctx) / self.density)
 
     def select_local(self, acc: Any, control: LagsControl, ctx: StepContext) -> Any:
+        """Top-k of the group at its current density."""
         b = ctx.backend
         return b.topk_abs_indices(acc, group_k(self.group_density(control, ctx), ctx.numel))
 
     # --- control: the adaptive density ----------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> LagsControl:
+        """The uniform density, profiling when ``adaptive``."""
         return LagsControl(self.density, "profiling" if self.adaptive else "off", since=ctx.step)
 
     def observe(self, control: LagsControl, outcome: StepOutcome, ctx: StepContext) -> LagsControl:
+        """Profiling without readiness samples (TensorFlow): warn once, keep the uniform density."""
         # Every driver that measures readiness hands a sample to end_step after each step; fewer
         # samples than steps means this one cannot (TensorFlow): say so, keep the uniform density.
         if control.state == "profiling" and len(control.own) < ctx.step - control.since:
@@ -273,6 +278,8 @@ class LAGS(Algorithm):
         return control
 
     def end_step(self, end: StepEnd, ctx: StepContext) -> Protocol:
+        """While profiling: record the step's readiness times; after ``profile_steps``, agree on
+        their medians over ranks (one allreduce) and fix every group's density."""
         controls: dict[str, LagsControl] = end.controls
         profiling = [c for c in controls.values() if c.state == "profiling"]
         if not profiling or end.ready is None:
@@ -313,6 +320,7 @@ class LAGS(Algorithm):
         return controls
 
     def measuring(self, controls: dict[str, Any]) -> bool:
+        """Whether a group is still profiling (adaptive mode only)."""
         if not self.adaptive:
             return False
         return not controls or any(c.state == "profiling" for c in controls.values())
@@ -337,6 +345,7 @@ class LAGS(Algorithm):
 
     # --- statistics and checkpoints -------------------------------------------------------------------
     def model_stats(self, controls: dict[str, Any]) -> dict:
+        """Per-group densities and the adaptive state, once every group has the same state."""
         lags = {key: c for key, c in controls.items() if isinstance(c, LagsControl)}
         states = {c.state for c in lags.values()}
         if len(states) != 1:  # no group yet, or some still profiling
@@ -351,9 +360,11 @@ class LAGS(Algorithm):
         return out
 
     def control_state(self, control: LagsControl) -> dict:
+        """The control's fields, as plain data."""
         return asdict(control)
 
     def load_control(self, state: Any, ctx: StepContext, saved_size: int) -> LagsControl:
+        """The checkpoint's control, or a fresh one at another world size (the cost model depends on it)."""
         if saved_size != ctx.size:  # the cost model depends on the world size: measure again
             return self.init_control(ctx)
         return LagsControl(**state)
@@ -429,6 +440,7 @@ class AssumptionMonitor:
         self.steps = 0
 
     def add(self, gradients: Mapping[str, Any] | Iterable) -> None:
+        """Add one step's gradients (by name) to the running sums of both compression errors."""
         for name, x in _named(gradients):
             top, rand = compression_errors(x, self.density, self.randk, self._rng)
             self._top[name] = self._top.get(name, 0.0) + top
@@ -436,9 +448,11 @@ class AssumptionMonitor:
         self.steps += 1
 
     def delta(self) -> dict[str, float]:
+        """Per tensor: top-k's error over random-k's, summed since the last reset."""
         return {name: _ratio(self._top[name], self._rand[name]) for name in self._top}
 
     def reset(self) -> None:
+        """Forget the sums."""
         self._top.clear()
         self._rand.clear()
         self.steps = 0

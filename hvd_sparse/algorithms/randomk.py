@@ -73,4 +73,5 @@ class RandomK(Algorithm):
         return np.sort(rng.choice(ctx.numel, size=k, replace=False)).astype(np.int64)
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
+        """The step's random indices (``draw``)."""
         return ctx.backend.from_numpy(self.draw(ctx), like=acc)

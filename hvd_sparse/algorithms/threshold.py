@@ -76,14 +76,17 @@ class Threshold(Algorithm):
         return control
 
     def select_local(self, acc: Any, control: float, ctx: StepContext) -> Any:
+        """Every entry with |a| > λ."""
         return ctx.backend.select_at_least(acc, 0, ctx.numel, self.step_threshold(control, ctx))[0]
 
     def accumulate_select(self, residual: Any, tensors: list, control: float, ctx: StepContext,
                           clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool]:
+        """Error feedback and the selection at λ in one pass (``Backend.accumulate_select``)."""
         acc, idx, _, finite = ctx.backend.accumulate_select(
             residual, tensors, 0, ctx.numel, self.step_threshold(control, ctx), (), 1,
             index_dtype_for(ctx.numel), clear_inputs, check_finite, ctx.momentum)
         return acc, idx, finite
 
     def control_stats(self, control: float) -> dict:
+        """λ."""
         return {"threshold": control}

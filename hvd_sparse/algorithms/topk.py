@@ -41,5 +41,6 @@ class TopK(Algorithm):
         super().__init__(density, pattern=pattern, scope=scope, **corrections)
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
+        """The k entries of largest magnitude (ties: docs/algorithms.md#ties)."""
         b = ctx.backend
         return b.topk_abs_indices(acc, self.k(ctx.numel, self.step_density(ctx)))

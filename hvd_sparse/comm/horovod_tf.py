@@ -32,6 +32,7 @@ class HorovodTFComm(HorovodNeighbourChoice):
         self._mpi_decided = False
 
     def graph_op(self, op: str, tensor: Any, name: str, root: int = 0) -> Any:
+        """The Horovod graph op of one collective (allgather, allreduce, broadcast) on ``tensor``."""
         hvd, ps = self._hvd, self.process_set
         if op == ALLGATHER:
             return hvd.allgather(tensor, name=name, ignore_name_scope=True, process_set=ps)

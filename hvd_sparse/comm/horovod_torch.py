@@ -37,6 +37,7 @@ class HorovodTorchComm(HorovodNeighbourChoice):
         self._mpi_decided = False
 
     def start(self, c: Collective) -> Any:
+        """Start one collective asynchronously; the handle ``wait`` takes."""
         hvd, ps = self._hvd, self.process_set
         if c.op == NEIGHBOURS:
             return self._start_neighbours(c)
@@ -50,6 +51,7 @@ class HorovodTorchComm(HorovodNeighbourChoice):
         raise ValueError(f"unknown collective op {c.op!r}")
 
     def wait(self, handle: Any) -> Any:
+        """The result of a started collective, waiting for it."""
         kind, payload = handle
         if kind == "mpi":
             return [self._torch.from_numpy(x) for x in self._mpi.wait(payload)]
@@ -139,6 +141,7 @@ class AsyncProtocols:
             raise failed
 
     def clear(self) -> None:
+        """Forget the last step's results and timings; refuses while collectives are in flight."""
         if self._running:
             raise RuntimeError(f"collectives still in flight for {sorted(self._running)}")
         self.results.clear()

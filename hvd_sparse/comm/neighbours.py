@@ -29,6 +29,7 @@ import numpy as np
 
 
 def neighbours(rank: int, size: int) -> tuple[int, int]:
+    """The ranks to the left and right of ``rank`` on the ring of ``size``."""
     return (rank - 1) % size, (rank + 1) % size
 
 
@@ -75,6 +76,7 @@ class MpiNeighbourExchange:
         self.rank, self.world_ranks = rank, list(world_ranks)
 
     def start(self, payload: np.ndarray, name: str) -> tuple:
+        """Post the non-blocking sends to and receives from both neighbours; the handle ``wait`` takes."""
         payload = np.ascontiguousarray(payload)
         left, right = (self.world_ranks[r] for r in neighbours(self.rank, len(self.world_ranks)))
         from_left, from_right = np.empty_like(payload), np.empty_like(payload)
@@ -90,6 +92,7 @@ class MpiNeighbourExchange:
         return bool(self._mpi.Request.Testall(handle[0]))
 
     def wait(self, handle: tuple) -> list[np.ndarray]:
+        """The payloads of the left and the right neighbour."""
         requests, from_left, from_right, _ = handle
         self._mpi.Request.Waitall(requests)
         return [from_left, from_right]

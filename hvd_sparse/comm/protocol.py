@@ -32,6 +32,7 @@ class Collective:
     root: int = 0
 
     def signature(self) -> tuple[str, str, int]:
+        """What every rank must issue identically: op, name and root."""
         return (self.op, self.name, self.root)
 
 

@@ -88,6 +88,7 @@ class Gather(Pattern):
     phases = (((ALLGATHER, IDX), (ALLGATHER, VAL)),)
 
     def exchange(self, out: Outgoing, ctx: StepContext) -> Protocol:
+        """Allgather indices and values; the average lands where the pairs point."""
         b = ctx.backend
         values, residual = _send(out, out.idx, ctx)
         gathered, received = yield self._phase(0, ctx, out.idx, values)
@@ -104,6 +105,7 @@ class Union(Pattern):
     phases = (((ALLGATHER, IDX),), ((ALLREDUCE, VAL),))
 
     def exchange(self, out: Outgoing, ctx: StepContext) -> Protocol:
+        """Allgather indices, then allreduce every rank's values on their union."""
         b = ctx.backend
         (gathered,) = yield self._phase(0, ctx, out.idx)
         union = out.union(gathered)
@@ -125,6 +127,7 @@ class Shared(Pattern):
     phases = (((ALLREDUCE, VAL),),)
 
     def exchange(self, out: Outgoing, ctx: StepContext) -> Protocol:
+        """Allreduce the values on indices every rank knows without a message."""
         values, residual = _send(out, out.idx, ctx)
         received, riders = yield from self._allreduce(0, ctx, values, out.riders)
         selected = ctx.backend.numel(out.idx)

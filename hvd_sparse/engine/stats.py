@@ -35,12 +35,14 @@ class BucketStats:
     extra: dict = field(default_factory=dict)
 
     def union(self) -> int:
+        """The size of the aggregated index set (computed once, when first asked)."""
         if self.union_size is None:
             self.union_size = self.backend.numel(self.backend.unique(self.gathered_indices))
             self.gathered_indices = None
         return self.union_size
 
     def residual_sq(self) -> float:
+        """The squared norm of the residual after the step."""
         return 0.0 if self.residual is None else self.backend.sum_of_squares(self.residual)
 
 

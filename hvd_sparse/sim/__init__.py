@@ -66,6 +66,8 @@ def methods() -> list[str]:
 
 
 def make_algorithm(method: str | Algorithm, density: float, options: dict | None = None) -> Algorithm:
+    """The algorithm of ``method``: itself, the plain average for ``dense``, else the registry's with
+    ``options``."""
     if isinstance(method, Algorithm):
         return method
     if method == DENSE:

@@ -51,6 +51,7 @@ def parse_value(text: str) -> Any:
 
 
 def parse_options(pairs: list[str]) -> dict:
+    """``--option`` pairs (key=value) as keyword arguments."""
     options = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
@@ -61,6 +62,7 @@ def parse_options(pairs: list[str]) -> dict:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The command line (module docstring)."""
     parser = argparse.ArgumentParser(
         prog="python -m hvd_sparse.sim", description=__doc__.split("\n\n")[0],
         formatter_class=argparse.ArgumentDefaultsHelpFormatter)
@@ -89,6 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the simulator from the command line; the exit status."""
     args = build_parser().parse_args(argv)
     if args.world_size < 1 or args.steps < 1:
         raise SystemExit("--world-size and --steps must be at least 1")

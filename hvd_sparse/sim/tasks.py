@@ -31,6 +31,7 @@ class DigitsCNN(torch.nn.Module):
         self.fc2 = torch.nn.Linear(64, 10)
 
     def forward(self, x):
+        """Class scores of a batch of 8x8 images."""
         x = F.relu(self.conv1(x))
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return self.fc2(F.relu(self.fc1(x.flatten(1))))
@@ -58,11 +59,13 @@ class DigitsMLP(torch.nn.Module):
         self.fc3 = torch.nn.Linear(hidden, 10)
 
     def forward(self, x):
+        """Class scores of a batch of 8x8 images."""
         x = F.relu(self.fc1(x.flatten(1)))
         return self.fc3(F.relu(self.fc2(x)))
 
 
 def digits_task(batch_size: int = 16, seed: int = 0, model: str = "cnn") -> Task:
+    """scikit-learn's digits with a CNN (or ``model="mlp"``), per-rank batches seeded by rank and step."""
     from sklearn.datasets import load_digits
     from sklearn.model_selection import train_test_split
 
@@ -90,6 +93,7 @@ def digits_task(batch_size: int = 16, seed: int = 0, model: str = "cnn") -> Task
 
 
 def digits_mlp_task(batch_size: int = 16, seed: int = 0) -> Task:
+    """The digits task with the MLP."""
     return digits_task(batch_size, seed, model="mlp")
 
 
@@ -111,6 +115,7 @@ def english_text() -> str:
 
 
 def encode(text: str) -> np.ndarray:
+    """Characters as indices into ``CHARSET`` (``UNKNOWN`` for the rest)."""
     table = np.full(0x110000, UNKNOWN, dtype=np.uint8)
     table[[ord(c) for c in CHARSET]] = np.arange(len(CHARSET), dtype=np.uint8)
     return table[np.frombuffer(text.encode("utf-32-le"), dtype=np.uint32)]
@@ -133,6 +138,7 @@ class CharLSTM(torch.nn.Module):
         self.decode = torch.nn.Linear(hidden, VOCAB)
 
     def forward(self, x):
+        """Next-character scores at every position of a batch of index sequences."""
         out, _ = self.lstm(self.embed(x))
         return self.decode(out)
 

@@ -43,13 +43,16 @@ class CompressionCallback(tf.keras.callbacks.Callback):
         self.batches = 0
 
     def on_epoch_begin(self, epoch: int, logs: dict | None = None) -> None:
+        """Tell the compressor the epoch (``set_epoch``)."""
         self.compression.set_epoch(epoch)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
+        """Count the batch; log every ``every`` batches."""
         self.batches += 1
         if self.logger is not None:
             self.logger(self.batches)  # logged after batches every, 2*every, ...
 
     def on_train_end(self, logs: dict | None = None) -> None:
+        """Close the logger."""
         if self.logger is not None:
             self.logger.close()

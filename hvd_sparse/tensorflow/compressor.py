@@ -95,6 +95,8 @@ class SparseCompressor(FaceBase, Compressor):
     # --- Horovod's interface (trace time) -------------------------------------------------------
     @tf.autograph.experimental.do_not_convert  # plain Python that builds the graph
     def compress(self, tensor: tf.Tensor) -> tuple[tf.Tensor, Any]:
+        """Horovod's call per gradient, at trace time: refuse what cannot work, then build the tensor's step
+        (scope "tensor") or stash the gradient; a one-element placeholder for Horovod's allreduce."""
         # Everything that cannot work is refused here, at trace time, on every rank: no
         # collective of the step has run yet.
         refuse_reduction_op(calling_allreduce_op(self), hvd)
@@ -127,6 +129,8 @@ class SparseCompressor(FaceBase, Compressor):
 
     @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
+        """Horovod's call per gradient after its allreduce: the average over ranks (the first call of a trace
+        runs the stashed buckets' steps)."""
         if self.algorithm.scope == TENSOR:
             out = ctx
         else:

@@ -33,6 +33,7 @@ def keras_is_legacy() -> bool:
 
 
 def require_legacy_keras() -> None:
+    """Raise a ``ConfigurationError`` naming the fix unless ``tf.keras`` is Keras 2."""
     if not keras_is_legacy():
         raise ConfigurationError(LEGACY_KERAS_HINT + f" (TF_USE_LEGACY_KERAS="
                                  f"{os.environ.get('TF_USE_LEGACY_KERAS', '<unset>')})")

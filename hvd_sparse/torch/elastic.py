@@ -31,15 +31,19 @@ class CompressorStateHandler(horovod_state.StateHandler):
         self._elastic = ElasticCompressor(compression)
 
     def save(self) -> None:
+        """Commit the compressor (``ElasticCompressor.save``)."""
         self._elastic.save()
 
     def restore(self) -> None:
+        """Roll back to the last commit."""
         self._elastic.restore()
 
     def sync(self) -> None:
+        """Rebuild for the new world from rank 0's state."""
         self._elastic.sync(broadcast_object)
 
     def set_value(self, value: Any) -> None:
+        """Another compressor: its state now is the committed one (no message)."""
         self.value = value
         self._elastic = ElasticCompressor(value)   # its state now is the committed one (no message)
 

@@ -70,7 +70,7 @@ def error_surfaces() -> None:
     print(f"OUTCOME {outcome}", flush=True)
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be rerun)
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", required=True)
     parser.add_argument("--methods", default=",".join(METHODS))

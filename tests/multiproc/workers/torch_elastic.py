@@ -73,7 +73,7 @@ def check_corrected(before: dict | None, after: dict, raw: dict, momentum: float
                                           err_msg=f"{key}: velocity not carried or not masked")
 
 
-def main() -> None:
+def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be rerun)
     parser = argparse.ArgumentParser()
     parser.add_argument("--dir", required=True)
     parser.add_argument("--methods", default=",".join(METHODS))
