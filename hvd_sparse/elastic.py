@@ -1,7 +1,7 @@
 """Elastic Horovod: what a compressor does when Horovod's elastic ``State`` commits, rolls back
 and resets (framework-free; the faces wire it into their State objects).
 
-A compressor holds two kinds of state (README, "Elastic Horovod"):
+A compressor holds two kinds of state (docs/usage.md#elastic-horovod):
 
 * per process: the residual of every bucket, this process's gradient not sent yet (and the
   momentum correction's velocity, likewise). It stays valid

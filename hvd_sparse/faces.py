@@ -39,7 +39,7 @@ class FaceBase:
         prefix: prefix of every collective's name; give two compressors in one job distinct ones.
         nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
             the residual, warn), "raise" (every rank raises FloatingPointError; the step is
-            applied nowhere and training can go on, README "Non-finite gradients") or "ignore".
+            applied nowhere and training can go on, docs/usage.md#non-finite-gradients) or "ignore".
     """
 
     framework: ClassVar[str] = "abstract"
@@ -135,7 +135,7 @@ class FaceBase:
             hook(epoch)
 
     def stats(self) -> dict:
-        """Statistics of the last step on this rank (README, "Statistics")."""
+        """Statistics of the last step on this rank (docs/usage.md#statistics)."""
         if self._engine is None:
             return summarize([], self.algorithm.density)
         out = {**self._engine.stats(), **self._extra_stats(), "world_size": self._engine.size}

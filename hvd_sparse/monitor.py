@@ -75,7 +75,7 @@ class StatsLogger:
         compression: an hvd_sparse compressor of either face (anything with ``stats()``,
             ``average_stats(keys)``, ``rank`` and ``framework``).
         every: log on steps that are multiples of ``every`` (step 0 included).
-        keys: statistics to log (see the README, "Statistics").
+        keys: statistics to log (docs/usage.md#statistics).
         jsonl: path of a JSON-lines file (one object per logged step), or None.
         tensorboard: a log directory for TensorBoard scalars (tag ``hvd_sparse/<key>``), or None.
             Skipped with one warning when TensorBoard is not installed.

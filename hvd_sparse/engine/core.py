@@ -237,7 +237,7 @@ class Engine:
                 "rank (raised on every rank; this step was applied nowhere and every rank keeps its "
                 "residual, the step counter unchanged). In PyTorch training can go on: catch it "
                 "around optimizer.step(), then call optimizer.load_state_dict(optimizer.state_dict()) "
-                "and optimizer.zero_grad() (README, 'Non-finite gradients'). Or pass "
+                "and optimizer.zero_grad() (docs/usage.md#non-finite-gradients). Or pass "
                 "nonfinite='skip' to drop such a rank's contribution for the step instead")
         if picked.finite:
             bucket.residual = out.residual

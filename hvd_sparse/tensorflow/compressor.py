@@ -146,7 +146,7 @@ class SparseCompressor(FaceBase, Compressor):
         step runs), check that every rank runs the same method with the same options. The layout
         is checked at the first ``decompress`` of a trace of multi-tensor buckets (every gradient
         is known there, still before anything runs); per-tensor steps never see the whole model
-        (README, "Ranks that disagree")."""
+        (docs/usage.md#ranks-that-disagree)."""
         engine = self._ensure_engine()
         if not self._config_checked:
             self._config_checked = True
@@ -292,8 +292,8 @@ class SparseCompressor(FaceBase, Compressor):
                 offset += count
         except FloatingPointError:
             # Raised on every rank at the same bucket (nonfinite="raise"): the buckets that
-            # finished take their step back, so the step is applied nowhere (README,
-            # "Non-finite gradients"); the later ones have not started on any rank.
+            # finished take their step back, so the step is applied nowhere
+            # (docs/usage.md#non-finite-gradients); the later ones have not started on any rank.
             engine.take_back(done)
             raise
         return outputs

@@ -230,7 +230,7 @@ def nonfinite_raise(label: str, method: str, options: dict) -> None:
             raws = {bucket: flat(raw, members) for bucket, members in plan}
             check_raised(before, compressor.state_dict()["buckets"], raws, corrections.momentum,
                          corrections.nesterov, f"nonfinite/{label} step {step}")
-            optimizer.load_state_dict(optimizer.state_dict())   # the README's recovery
+            optimizer.load_state_dict(optimizer.state_dict())   # docs/usage.md#non-finite-gradients
     assert raised == 1, (label, raised)
     assert compressor.stats()["step"] == 5, compressor.stats()["step"]
     check_identical(allgather_rows(params_of(model), f"test.nf.{label}"), f"nonfinite/{label}")

@@ -12,7 +12,7 @@ parts, each printing ``CHECKED <part>/<case> rank=<r>`` per case that holds on t
 * ``mismatch`` (2 ranks): rank 1 builds another density, method, hyper-parameter, model (an extra
   layer, a wider layer) or parameter order; every rank must raise RankMismatchError naming it.
 * ``nonfinite``: nonfinite="raise", a NaN on rank 1 at one step; every rank raises, recovers as
-  the README says, trains on, and ends with identical weights.
+  docs/usage.md#non-finite-gradients says, trains on, and ends with identical weights.
 * ``die <method> <kill|exit>`` (alone): rank 1 dies at step 20 (SIGKILL, or sys.exit); every
   survivor must end with an error (``SURVIVOR_ERROR``), not hang and not finish.
 
@@ -196,7 +196,7 @@ def nonfinite(size: int, rank: int) -> None:
             except FloatingPointError as error:
                 assert "applied nowhere" in str(error), error
                 raised += 1
-                # The recovery the README gives: reset Horovod's per-step bookkeeping.
+                # The recovery docs/usage.md#non-finite-gradients gives: reset Horovod's per-step bookkeeping.
                 optimizer.load_state_dict(optimizer.state_dict())
         assert raised == 1, f"{label}: raised {raised} times"
         digests = hvd.allgather_object(
