@@ -100,8 +100,9 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     return rows
 
 
-# Why a target can be missed, shown under the table only when one of its rows is not met. Prose
-# about causes, no figures: the numbers are in the rows and the sections.
+# Why a target can be missed, shown under the table only when one of its rows is not met (a key is a
+# title's prefix, or a tuple of them). Prose about causes, no figures: the numbers are in the rows
+# and the sections.
 CAUSES = {
     "ExDyna padding waste": (
         "**Padding waste.** Two causes, told apart by the Fidelity section's last table. On small "
@@ -142,6 +143,16 @@ CAUSES = {
         "λ0 = 1/(2√k) and moves λ by at most 0.5% a step, so over a short benchmark it sends far "
         "fewer entries than asked (see its achieved density); the tracking option is at target "
         "after the warm-up."),
+    # bench_select's momentum target (the prefixes of its ExDyna and MiCRO rows).
+    ("exdyna per-rank step ≤ 1.3× the momentum floor", "micro per-rank step ≤ 1.3× the momentum floor"): (
+        "**The momentum path against its floor.** With `nonfinite=\"skip\"` (the default) a rank whose "
+        "gradient holds NaN/Inf keeps its residual and velocity bit for bit, so the fused op reads "
+        "the whole gradient before its pass writes anything: what the pass leaves could not undo it "
+        "(an entry's old u and e take 64 bits, the gradient's slot holds 32), and buffers written "
+        "elsewhere cost this machine more than the read (docs/kernels.md). One core's reads bound "
+        "the floor here, so the check is a fourth read against the floor's three, before clearing "
+        "the gradient, selecting and the step's bookkeeping; without it (`nonfinite=\"ignore\"`) the "
+        "step comes to about the limit. `scripts/momentum_profile.py` splits the step."),
 }
 
 

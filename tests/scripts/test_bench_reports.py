@@ -93,6 +93,21 @@ def test_report_groups_targets_and_explains_misses(tmp_path):
         "![p](bench/x.png) ![q](http://h/y.png)"
 
 
+def test_a_missed_momentum_floor_target_is_explained():
+    """The note on the momentum path's floor shows under the table only when ExDyna's or MiCRO's
+    row of bench_select's --momentum run is not met (its keys are the rows' title prefixes)."""
+    import bench_select
+    import report
+
+    def rows(met):
+        title = f"micro per-rank step ≤ {bench_select.MOMENTUM_FLOOR_RATIO_MAX['micro']}× " \
+                f"{bench_select.MOMENTUM_FLOOR} at N = 4, 25M elements, kernels on, momentum=0.9"
+        return [(title, "met" if met else "not met", "1.46×")]
+
+    assert "momentum path against its floor" in "\n".join(report.cause_notes(rows(False)))
+    assert report.cause_notes(rows(True)) == []
+
+
 def test_selection_targets_are_judged_by_the_benchmark_itself():
     import bench_select
 
