@@ -218,7 +218,9 @@ def face_class(base: type, algorithm_cls: type, module: str) -> type:
         base.__init__(self, algorithm_cls(*args, **kwargs), **face_kwargs)
 
     algo_params = list(inspect.signature(algorithm_cls.__init__).parameters.values())
-    __init__.__signature__ = inspect.Signature(algo_params + face_params)  # type: ignore[attr-defined]
+    # What help() and inspect show: the method's parameters, then the face's (a function's __dict__
+    # holds the attributes set on it).
+    __init__.__dict__["__signature__"] = inspect.Signature(algo_params + face_params)
     return type(algorithm_cls.__name__, (base,), {
         "__init__": __init__,
         "__doc__": (f"{algorithm_cls.__doc__.rstrip()}\n\n    Options of the {module} face "

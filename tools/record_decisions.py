@@ -18,6 +18,7 @@ import hashlib
 import json
 import sys
 from typing import Any
+from unittest import mock
 
 import numpy as np
 
@@ -55,22 +56,27 @@ class Recorder:
         self.digest = hashlib.sha256()
         self.original = local.LocalGroup._collective
 
+    def recording(self, group: local.LocalGroup, first: Any, tensors: list) -> list:
+        """Hash the collective's name and every rank's tensor, then run it."""
+        self.digest.update(f"{first.op}:{first.name}:{first.root}".encode())
+        for tensor in tensors:
+            array = np.ascontiguousarray(group.backend.to_numpy(tensor))
+            self.digest.update(f"{array.dtype}{array.shape}".encode())
+            self.digest.update(array.tobytes())
+        return self.original(group, first, tensors)
+
     def __enter__(self) -> Recorder:
         recorder = self
 
         def recording(group: local.LocalGroup, first: Any, tensors: list) -> list:
-            recorder.digest.update(f"{first.op}:{first.name}:{first.root}".encode())
-            for tensor in tensors:
-                array = np.ascontiguousarray(group.backend.to_numpy(tensor))
-                recorder.digest.update(f"{array.dtype}{array.shape}".encode())
-                recorder.digest.update(array.tobytes())
-            return recorder.original(group, first, tensors)
+            return recorder.recording(group, first, tensors)
 
-        local.LocalGroup._collective = recording  # type: ignore[method-assign]
+        self.patch = mock.patch.object(local.LocalGroup, "_collective", recording)
+        self.patch.start()
         return self
 
     def __exit__(self, *exc: object) -> None:
-        local.LocalGroup._collective = self.original  # type: ignore[method-assign]
+        self.patch.stop()
 
     def step_hash(self, record: dict) -> str:
         """The digest of the step's collectives and its record (less its wall time); restarts."""

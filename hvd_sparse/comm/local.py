@@ -9,7 +9,7 @@ it raises ``RankMismatchError`` naming the ranks and collectives.
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, cast
 
 import numpy as np
 
@@ -51,7 +51,7 @@ class LocalGroup:
                       else None for rank, p in enumerate(protocols)]
         if errors:
             first = errors[min(errors)]
-            first.ranks_raised = sorted(errors)  # type: ignore[attr-defined]
+            first.__dict__["ranks_raised"] = sorted(errors)   # an attribute of this error object
             raise first
         return results
 
@@ -70,7 +70,7 @@ class LocalGroup:
 
     def _execute(self, phases: list[list[Collective] | None]) -> list[list]:
         self._check_agreement(phases)
-        issued: list[list[Collective]] = phases  # type: ignore[assignment]  (all non-None now)
+        issued = cast(list[list[Collective]], phases)   # all non-None: checked just above
         outputs: list[list] = [[] for _ in range(self.size)]
         for position, first in enumerate(issued[0]):
             tensors = [issued[rank][position].tensor for rank in range(self.size)]
@@ -90,10 +90,10 @@ class LocalGroup:
                     f"rank 0 -> {reference}, rank {rank} -> {describe(phases[rank])}")
         if phases[0] is None:
             return
-        b = self.backend
-        for position, first in enumerate(phases[0]):
-            shapes = [np.shape(b.to_numpy(p[position].tensor)) for p in phases]  # type: ignore[index]
-            dtypes = {b.dtype_name(p[position].tensor) for p in phases}  # type: ignore[index]
+        b, issued = self.backend, cast(list[list[Collective]], phases)   # all alike, and not None
+        for position, first in enumerate(issued[0]):
+            shapes = [np.shape(b.to_numpy(p[position].tensor)) for p in issued]
+            dtypes = {b.dtype_name(p[position].tensor) for p in issued}
             if len(dtypes) != 1:
                 raise RankMismatchError(f"{first.name}: ranks send different dtypes {sorted(dtypes)}")
             if first.op == ALLGATHER:

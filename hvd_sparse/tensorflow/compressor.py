@@ -172,8 +172,9 @@ class SparseCompressor(FaceBase, Compressor):
     def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         if not tf.executing_eagerly():
             raise ConfigurationError("average_stats runs eagerly: call it outside tf.function")
+        assert self._comm is not None, "made with the engine, which every caller has"
         summed = hvd.allreduce(tf.constant(values), op=hvd.Sum, name=name,
-                               process_set=self._comm.process_set)  # type: ignore[union-attr]
+                               process_set=self._comm.process_set)
         return summed.numpy()
 
     # --- graph construction -----------------------------------------------------------------------

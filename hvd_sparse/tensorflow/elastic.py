@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
@@ -28,8 +28,13 @@ from horovod.tensorflow.functions import broadcast_object
 
 from ..elastic import ElasticCompressor
 
+if TYPE_CHECKING:   # the mixin's super() is Horovod's State; at run time the subclasses bring it
+    from horovod.common.elastic import State as _State
+else:
+    _State = object
 
-class _WithCompression:
+
+class _WithCompression(_State):
     """Mixin over a Horovod ObjectState: the compressors' save/restore/sync/reset around its own.
     The compressors save first (their commit runs one collective; if it fails, nothing of this
     commit is kept, model included)."""
@@ -43,20 +48,20 @@ class _WithCompression:
     def save(self) -> None:
         for compressor in self._compressors:
             compressor.save()
-        super().save()  # type: ignore[misc]
+        super().save()
 
     def restore(self) -> None:
-        super().restore()  # type: ignore[misc]
+        super().restore()
         for compressor in self._compressors:
             compressor.restore()
 
     def reset(self) -> None:
-        super().reset()  # type: ignore[misc]
+        super().reset()
         for compressor in self._compressors:
             compressor.reset()
 
     def sync(self) -> None:
-        super().sync()  # type: ignore[misc]
+        super().sync()
         for compressor in self._compressors:
             compressor.sync(broadcast_object)
 
