@@ -7,9 +7,9 @@ import math
 
 import numpy as np
 
-from .base import (
+from .base import Backend
+from .exact import (
     MAGNITUDE_KEYS,
-    Backend,
     float32_norms,
     numpy_mean_std,
     sample_shape,

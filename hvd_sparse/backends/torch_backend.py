@@ -6,9 +6,9 @@ import numpy as np
 import torch
 
 from .. import kernels
-from .base import (
+from .base import Backend
+from .exact import (
     MAGNITUDE_KEYS,
-    Backend,
     blocked_depth,
     blocked_sum,
     exact_mean_std,

@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import torch
 
-from ...backends.base import float32_norms, mean_std_from_sums, sample_shape
+from ...backends.exact import float32_norms, mean_std_from_sums, sample_shape
 from ._library import bind
 from .norms import exact_mean_std
 

@@ -1,7 +1,7 @@
 """CPU segment norms and moments (norms.cpp): DEFT's per-unit L2 norms and Gaussian-k's mean and
 standard deviation, each in one read of the accumulated vector. The norms are
 the result of the reference ``segment_norms`` bit for bit: the float64 sums come from the
-kernel, whose rounding depth is known, and ``float32_norms`` (hvd_sparse/backends/base.py) turns
+kernel, whose rounding depth is known, and ``float32_norms`` (hvd_sparse/backends/exact.py) turns
 them into float32 norms exactly as every backend does (an exact sum where a sum cannot decide);
 ``mean_std`` likewise goes through ``mean_std_from_sums``, whose exact fallback for fp32 is the
 native ``exact_mean_std`` here (integer sums per exponent) rather than NumPy's.
@@ -17,8 +17,8 @@ import ctypes
 import numpy as np
 import torch
 
-from ...backends.base import exact_mean_std as base_exact_mean_std
-from ...backends.base import float32_norms, mean_std_from_integers, mean_std_from_sums
+from ...backends.exact import exact_mean_std as base_exact_mean_std
+from ...backends.exact import float32_norms, mean_std_from_integers, mean_std_from_sums
 from ._library import bind
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p

@@ -1,6 +1,6 @@
 """CPU exact top-k by magnitude (topk.cpp): the k entries of largest |x| as ascending indices, with
-the tie rule of the reference op ``topk_abs_indices`` (hvd_sparse/backends/base.py), in about one
-read of x and no full-size temporary.
+the tie rule of the reference op ``topk_abs_indices`` (backends/base.py; its keys: backends/exact.py),
+in about one read of x and no full-size temporary.
 
 Returns None for arguments it has no kernel for (a dtype other than fp32/fp64, a tensor not on the
 CPU, k outside [0, numel]): the caller then runs the reference ops. fp16/bf16 gradients reach

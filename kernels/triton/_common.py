@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hvd_sparse.backends.base import MAGNITUDE_KEYS
+from hvd_sparse.backends.exact import MAGNITUDE_KEYS
 
 # Elements per program in the elementwise kernels, and at most this many programs in the radix
 # histogram passes (each loops over several blocks, then adds its 256 bins to the global histogram

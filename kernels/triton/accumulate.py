@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hvd_sparse.backends.base import sample_shape
+from hvd_sparse.backends.exact import sample_shape
 
 from . import _common
 from ._common import (

@@ -2,7 +2,7 @@
 alone or right after the error-feedback accumulation (accumulate.py) -- the reference
 ``mean_std`` and ``segment_norms`` results bit for bit.
 
-The callers (hvd_sparse/backends/base.py: ``mean_std_from_sums``, ``float32_norms``) turn a float64
+The callers (hvd_sparse/backends/exact.py: ``mean_std_from_sums``, ``float32_norms``) turn a float64
 sum and the most roundings any of its terms went through into the exactly rounded float32 result,
 or fall back to an exact sum where the bound cannot decide; so any order will do as long as its
 depth is known, and is small. Here each segment (the whole vector for the moments, a unit for the
@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hvd_sparse.backends.base import float32_norms, mean_std_from_sums
+from hvd_sparse.backends.exact import float32_norms, mean_std_from_sums
 
 from ._common import RESIDUALS, on_device
 from .accumulate import _accumulate_into, _nonfinite_into, _residual_supported

@@ -39,11 +39,8 @@ def documented_layers() -> dict[str, int]:
 
 
 LAYERS = documented_layers()
-# Imports against the layering, each with its reason. Pending issue 21, point 2: the kernels read
-# the bit-exact numerics that still live in backends/base.py beside the backend interface.
-EXCEPTIONS = {
-    ("hvd_sparse.kernels", "hvd_sparse.backends.base"): "numerics pending their own module",
-}
+# Imports against the layering, each with its reason (none today).
+EXCEPTIONS: dict[tuple[str, str], str] = {}
 
 HOROVOD_FACES = re.compile(r"hvd_sparse\.tensorflow(\..*)?$"
                            r"|hvd_sparse\.torch\.(compressor|elastic|horovod_internals)$")

@@ -13,14 +13,15 @@ import torch
 
 import hvd_sparse
 from hvd_sparse import kernels
-from hvd_sparse.backends import base, get_backend
+from hvd_sparse.backends import exact as numerics
+from hvd_sparse.backends import get_backend
 
 F32 = np.float32
 
 
 def nearest_float32(q: Fraction, square: bool = False) -> float:
     """The float32 nearest to q (sqrt(q) with ``square``), ties to even, by a search over the
-    float32 bit patterns (independent of base._round_float32)."""
+    float32 bit patterns (independent of numerics._round_float32)."""
     lo, hi = 0, 0x7F800000   # positive float32 bit patterns, +Inf last
     def value(bits: int) -> Fraction:
         return Fraction(float(np.uint32(bits).view(F32)))
@@ -96,7 +97,7 @@ def test_every_path_gives_the_exactly_rounded_mean_and_std(name):
     expected = exact_reference(x)
     got = paths(x)
     assert all(same(v, expected) for v in got.values()), (expected, got)
-    assert same(base.exact_mean_std(x), expected)
+    assert same(numerics.exact_mean_std(x), expected)
 
 
 @pytest.mark.parametrize("name", ["random", "heavy-tailed", "cancellation", "float64"])
@@ -104,7 +105,7 @@ def test_exact_fallback_gives_the_same(name, monkeypatch):
     """Every path, forced onto the exact integer sum, agrees with its float64 sums."""
     x = inputs()[name]
     fast = paths(x)
-    monkeypatch.setattr(base, "certain_mean_std", lambda *args: None)
+    monkeypatch.setattr(numerics, "certain_mean_std", lambda *args: None)
     exact = paths(x)
     assert all(same(v, fast["numpy"]) for v in [*fast.values(), *exact.values()]), (fast, exact)
 
@@ -113,7 +114,7 @@ def test_ties_are_not_decided_by_the_float64_sums():
     """A mean exactly on a float32 midpoint: the sums' error bound straddles it, so the exact sum
     decides (ties to even)."""
     x = inputs()["mean-on-a-tie"]
-    assert base.certain_mean_std(2, float(x[0]), float(x[1] - x[0]), float(x[1] - x[0]) ** 2, 10) is None
+    assert numerics.certain_mean_std(2, float(x[0]), float(x[1] - x[0]), float(x[1] - x[0]) ** 2, 10) is None
     assert paths(x)["numpy"][0] == 1.0
     assert paths(inputs()["mean-on-odd-tie"])["numpy"][0] == 1.0 + 2.0 ** -22
 

@@ -15,7 +15,8 @@ import torch
 
 import hvd_sparse
 from hvd_sparse.algorithms import DEFT, DGC, LAGS, GaussianK, TopK
-from hvd_sparse.backends import base, get_backend
+from hvd_sparse.backends import exact as numerics
+from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.unit.kernels.test_cpu import cpu_ops, gradients, needs_kernels, same
@@ -204,7 +205,7 @@ def test_segment_norms_are_float32_of_the_exact_norm_on_every_path(dtype):
     starts = np.cumsum([0, *LENGTHS])
     for name, x in norm_inputs(5).items():
         t = torch.from_numpy(x).to(dtype)
-        exact = [base.exact_float32_norm(t[a:b].numpy()) for a, b in itertools.pairwise(starts)]
+        exact = [numerics.exact_float32_norm(t[a:b].numpy()) for a, b in itertools.pairwise(starts)]
         paths = {"numpy": NP.segment_norms(t.numpy(), LENGTHS),
                  "torch": reference(TB.segment_norms, t, LENGTHS),
                  "torch, kernels on": TB.segment_norms(t, LENGTHS)}
@@ -217,13 +218,13 @@ def test_segment_norms_that_a_sum_cannot_decide_come_from_the_exact_sum(monkeypa
     low = np.float32(1.5)
     high = np.nextafter(low, np.float32(2))
     midpoint = (float(low) + float(high)) / 2                 # sqrt(total) on a float32 tie
-    assert base.certain_float32_norm(midpoint ** 2, 1000) is None
-    assert base.certain_float32_norm(float(low) ** 2, 1000) == float(low)
-    assert np.isnan(base.certain_float32_norm(float("nan"), 10))
+    assert numerics.certain_float32_norm(midpoint ** 2, 1000) is None
+    assert numerics.certain_float32_norm(float(low) ** 2, 1000) == float(low)
+    assert np.isnan(numerics.certain_float32_norm(float("nan"), 10))
     # Every norm through the exact sum: the same values as through the certain float64 sums.
     x = torch.from_numpy(norm_inputs(6)["heavy"]).float()
     fast = TB.segment_norms(x, LENGTHS), reference(TB.segment_norms, x, LENGTHS)
-    monkeypatch.setattr(base, "certain_float32_norm", lambda total, depth: None)
+    monkeypatch.setattr(numerics, "certain_float32_norm", lambda total, depth: None)
     slow = TB.segment_norms(x, LENGTHS), reference(TB.segment_norms, x, LENGTHS)
     for a, b in zip(fast, slow, strict=True):
         np.testing.assert_array_equal(a, b)
