@@ -602,6 +602,12 @@ def judge_equal_density(groups: dict) -> list[dict]:
             best = min(covered.values()) if covered else None
             if best is not None:
                 text += f" ({100 * (point['y'] / best - 1):+.1f}% against the best)"
+            for other in CURVES:   # ExDyna's other configuration with corrections, at the same exchange
+                if other in RIVALS or other == name:
+                    continue
+                value = interpolate(curve_points(groups, "lstm", other), point["x"])
+                if value is not None:
+                    text += f"; {other} at the same aggregate density: {value:.3f}"
             targets.append({
                 "target": "ExDyna tracking with corrections beats DGC at equal aggregate density (LSTM, "
                           "ρ=0.001, 2000 steps; DGC's curves interpolated in log aggregate density)",

@@ -139,6 +139,7 @@ def test_equal_density_verdict_interpolates_the_best_dgc_curve():
 
     runs = [run("exdyna-tracking+corr", 0.001, 3.5, 0.03), run("exdyna-tracking+corr@2x", 0.001, 3.4, 0.032),
             run("exdyna-tracking+momentum", 0.001, 4.0, 0.001),
+            run("exdyna-tracking+momentum@4x", 0.01, 3.1, 0.04),
             run("dgc@0.125x", 0.001, 4.6, 0.0006), run("dgc-matched", 0.001, 4.1, 0.0012),
             run("dgc", 0.001, 3.5, 0.004), run("dgc", 0.01, 3.2, 0.04),
             run("dgc-matched+corr", 0.001, 3.55, 0.034), run("dgc+corr", 0.001, 3.3, 0.041)]
@@ -155,10 +156,12 @@ def test_equal_density_verdict_interpolates_the_best_dgc_curve():
     corr = verdicts["ExDyna tracking +corr"]
     plain = 3.5 + (3.2 - 3.5) * np.log(0.03 / 0.004) / np.log(0.04 / 0.004)
     assert not corr["met"] and f"DGC {plain:.3f}" in corr["measured"]
+    momentum_there = 4.0 + (3.1 - 4.0) * np.log(0.03 / 0.001) / np.log(0.04 / 0.001)
+    assert f"+momentum at the same aggregate density: {momentum_there:.3f}" in corr["measured"]
     assert len(verdicts) == 2        # only the runs at ρ = 0.001 itself are judged
     table = convergence.equal_density_table(groups, "lstm")
     row = next(line for line in table if "exdyna-tracking+corr@2x" in line)
-    assert "**3.400**" in row and row.count("–") == 2   # +momentum, DGC +corr out of range
+    assert "**3.400**" in row and row.count("–") == 1   # DGC +corr out of range
 
 
 def test_lags_note_explains_the_rows_that_coincide():
