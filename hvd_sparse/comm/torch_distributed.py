@@ -167,18 +167,23 @@ def run_together(protocols: dict[str, Protocol], execute: Callable[[Phase], list
 
 
 class SerialWorker:
-    """One daemon thread running submitted jobs in submission order (module docstring)."""
+    """One daemon thread running submitted jobs in submission order (module docstring). The
+    thread holds no job once it has run it, and ends at ``close()``: an idle worker keeps nothing
+    of its owner alive."""
 
     def __init__(self, name: str):
         self._name = name
         self._jobs: queue.SimpleQueue = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
+        self._closed = False
 
     def submit(self, job: Callable[[], None]) -> None:
         """Run ``job`` after every job submitted before it. A job reports its own errors: one
         that escapes is printed by the thread, which goes on with the next job."""
         with self._lock:
+            if self._closed:
+                raise RuntimeError(f"{self._name}: this worker is closed (its compressor state was closed)")
             if self._thread is None or not self._thread.is_alive():
                 self._thread = threading.Thread(target=self._run, name=self._name, daemon=True)
                 self._thread.start()
@@ -207,12 +212,24 @@ class SerialWorker:
             raise value
         return value
 
+    def close(self) -> None:
+        """End the thread once the jobs already submitted have run; later submits raise."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            if self._thread is not None and self._thread.is_alive():
+                self._jobs.put(None)
+
     def _run(self) -> None:
         while True:
             job = self._jobs.get()
+            if job is None:
+                return
             try:
                 job()
             except Exception:   # a job's own bookkeeping failed: say so, keep serving
                 import traceback
 
                 traceback.print_exc()
+            job = None   # a finished job (and what it holds: a state, DDP's buffers) is let go

@@ -22,8 +22,10 @@ hook function; the engine and the methods are the same code as under Horovod, dr
   that every rank runs the same method, options and layout (engine/agreement.py), then runs.
 """
 
+import contextlib
 import time
 import warnings
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -106,6 +108,10 @@ class SparseHookState(FaceBase):
             raise ConfigurationError(f"timeout must be a datetime.timedelta, got {timeout!r}")
         self._comm = TorchDistributedComm(_own_group(process_group, timeout))
         self._worker = SerialWorker(f"hvd_sparse.ddp.{algorithm.name}")
+        # A state dropped without close() still ends its thread and its process group.
+        self._release = weakref.finalize(self, _release, self._worker, self._comm.group,
+                                         self._comm.size == dist.get_world_size())
+        self._release.atexit = False   # at exit torch.distributed tears its groups down itself
         self._named: dict[int, tuple[int, str]] = {}   # id(param) -> (position, name)
         self._kept_params: list[torch.Tensor] = []     # keeps those ids meaningful
         for position, (name, param) in enumerate(named_parameters or ()):
@@ -332,6 +338,14 @@ class SparseHookState(FaceBase):
         hook; ``"step"``: (0, when the step's last future was set)."""
         return self._worker.call(lambda: dict(self._last.timeline) if self._last else {})
 
+    def close(self) -> None:
+        """Let go of what the state holds beyond its engine: its worker thread (after the steps
+        in flight) and its process group. Call it on every rank, like any group teardown, before
+        building a state for another model in the same process (a state dropped without it is
+        closed when it is garbage-collected); the state serves no further step."""
+        self._worker.call(lambda: None)
+        self._release()
+
     def __repr__(self) -> str:
         return f"hvd_sparse.torch.ddp.{self.algorithm!r}"
 
@@ -368,6 +382,15 @@ def _for_ddp(error: Exception) -> Exception:
     return error
 
 
+def _release(worker: SerialWorker, group: Any, destroy: bool) -> None:
+    """Close a state's worker and destroy its process group if it spans every rank (local for
+    Gloo and NCCL; ``_own_group`` says why not otherwise)."""
+    worker.close()
+    if destroy and dist.is_initialized():
+        with contextlib.suppress(ValueError, RuntimeError):   # already torn down with the others
+            dist.destroy_process_group(group)
+
+
 def _own_group(process_group: Any, timeout: timedelta | None) -> Any:
     """A new group over ``process_group``'s ranks, with its backend, for the state alone."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -376,8 +399,14 @@ def _own_group(process_group: Any, timeout: timedelta | None) -> Any:
             "(backend 'gloo' for CPU, 'nccl' for CUDA; torchrun sets the environment it reads) "
             "before building an hvd_sparse DDP state")
     group = process_group if process_group is not None else dist.group.WORLD
-    return dist.new_group(ranks=dist.get_process_group_ranks(group), backend=dist.get_backend(group),
-                          timeout=timeout, use_local_synchronization=True)
+    ranks = dist.get_process_group_ranks(group)
+    # Over every rank, every rank builds the state: a group numbered like any other, so that a
+    # later state's group never meets a closed one's leftovers in the store. Over some of the
+    # ranks, only they build it: torch names such a group after its ranks (local synchronization).
+    # Such a group is therefore never destroyed (``_release``): another built over the same ranks
+    # later would take its name.
+    return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout,
+                          use_local_synchronization=len(ranks) < dist.get_world_size())
 
 
 # One state class per registered method (TopK, ExDyna, ...), made in hvd_sparse/faces.py.

@@ -80,3 +80,28 @@ def test_the_worker_runs_jobs_in_order_on_one_thread_and_call_returns_or_raises(
         worker.call(lambda: {}["missing"])
     worker.submit(lambda: 1 / 0)   # a job's own failure is printed; the worker goes on
     assert worker.call(lambda: worker.call(lambda: "nested")) == "nested"
+
+
+def test_the_worker_lets_go_of_a_job_once_run_and_ends_at_close():
+    """An idle worker keeps nothing of its owner alive (a DDP state and DDP's buffers: a process
+    building one model after another grew by the model's size each time)."""
+    import gc
+    import weakref
+
+    class Owner:
+        def work(self) -> None:
+            pass
+
+    owner, worker = Owner(), SerialWorker("test")
+    alive = weakref.ref(owner)
+    worker.submit(owner.work)
+    worker.call(lambda: None)
+    del owner
+    gc.collect()
+    assert alive() is None
+    thread = worker._thread
+    worker.close()
+    thread.join(timeout=10)
+    assert not thread.is_alive()
+    with pytest.raises(RuntimeError, match="closed"):
+        worker.submit(lambda: None)

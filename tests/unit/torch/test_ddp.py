@@ -233,3 +233,22 @@ def test_the_ddp_face_imports_without_horovod_and_the_horovod_face_says_so():
                             check=False)
     assert result.returncode == 0, result.stderr[-3000:]
     assert "needs horovod.torch" in result.stdout and "hvd_sparse.torch.ddp.TopK" in result.stdout
+
+
+def test_a_state_dropped_or_closed_ends_its_thread_and_frees_its_engine():
+    import gc
+    import weakref
+
+    for close in (False, True):
+        model = make_model()
+        state = ddp.TopK(density=0.2, named_parameters=model.named_parameters())
+        wrapped = train(model, state, 2)
+        thread, alive = state._worker._thread, weakref.ref(state)
+        if close:
+            state.close()
+            with pytest.raises(RuntimeError, match="closed"):
+                train(model, state, 1)
+        del state, wrapped
+        gc.collect()
+        thread.join(timeout=10)
+        assert alive() is None and not thread.is_alive()
