@@ -59,6 +59,15 @@ class _Trace:
     outputs: list | None = None
 
 
+@dataclass
+class _Step:
+    """One training step at run time (inside ``tf.py_function``): the bucket protocols in flight,
+    by key. A new one at the first phase of a step's first bucket and at a reset
+    (``_forget_step``)."""
+
+    inflight: dict[str, Any] = field(default_factory=dict)
+
+
 def _root_graph() -> Any:
     """The outermost function graph being traced (cond branches are nested function graphs); in
     TF1-style graph mode, the graph itself."""
@@ -89,7 +98,7 @@ class SparseCompressor(FaceBase, Compressor):
         FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite)
         self._comm: HorovodTFComm | None = None
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-        self._inflight: dict[str, Any] = {}
+        self._step = _Step()
         self._config_checked = self._layout_checked = False
 
     # --- Horovod's interface (trace time) -------------------------------------------------------
@@ -188,7 +197,8 @@ class SparseCompressor(FaceBase, Compressor):
         return process_set.rank(), process_set.size()
 
     def _forget_step(self) -> None:
-        self._inflight.clear()
+        """A reset (elastic): the step in flight is abandoned."""
+        self._step = _Step()
 
     def _trace(self) -> _Trace:
         graph = _root_graph()
@@ -261,19 +271,24 @@ class SparseCompressor(FaceBase, Compressor):
 
     # --- run time (inside tf.py_function, eager) --------------------------------------------------
     def _advance(self, key: str, position: int, expected: list | None, *results) -> list:
+        """Phase ``position`` of bucket ``key``'s step, run by its ``tf.py_function``: the tensors
+        of the next phase's collectives (checked against ``expected``, what the graph was built
+        for), or the bucket's averaged tensors after the last. ``results`` are the gradients at
+        position 0, else what the last phase's collectives returned."""
         if position == 0:
-            if not self._inflight:   # the first phase of a step's first tensor
+            if not self._step.inflight:   # the first phase of a step's first tensor
                 self._follow_world()
+                self._step = _Step()
             protocol = self._engine.step(key, list(results), check_layout=False)
-            self._inflight[key] = protocol
+            self._step.inflight[key] = protocol
             sent = None
         else:
-            protocol = self._inflight[key]
+            protocol = self._step.inflight[key]
             sent = list(results)
         try:
             phase: list[Collective] = next(protocol) if sent is None else protocol.send(sent)
         except StopIteration as done:
-            del self._inflight[key]
+            del self._step.inflight[key]
             return done.value
         if expected is None or [(c.op, c.name) for c in phase] != [(op, n) for op, n, _ in expected]:
             raise RankMismatchError(f"step of {key!r} issued {[c.signature() for c in phase]}, the "

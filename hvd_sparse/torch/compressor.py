@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 import warnings
 from collections.abc import Iterable
+from dataclasses import dataclass, field
 from typing import Any
 
 import horovod.torch as hvd
@@ -82,6 +83,22 @@ def _positive(value: Any) -> bool:
         return False
 
 
+@dataclass
+class _Step:
+    """One training step as the face sees it, from its first ``compress`` to its last
+    ``decompress``: a new one at the step's first gradient and at a reset (``_forget_step``); the
+    last step's stays until then (``communication_timeline`` reads it between steps)."""
+
+    began: float = 0.0                 # perf_counter() at the step's first gradient
+    measuring: bool = False            # hooks wait for the device (LAGS's profiling steps, GPU)
+    arrived: dict[str, torch.Tensor] = field(default_factory=dict)   # the gradients, by key
+    arrival: dict[str, float] = field(default_factory=dict)          # ... s after ``began``
+    started: set[str] = field(default_factory=set)   # buckets whose protocol was started
+    flushed: bool = False              # the first decompress has finished every bucket
+    outstanding: int = 0               # compress calls not yet matched by a decompress
+    ordinal: int = 0                   # gradients named by their order so far (no named_parameters)
+
+
 class SparseCompressor(FaceBase, Compressor):
     """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``).
 
@@ -116,94 +133,118 @@ class SparseCompressor(FaceBase, Compressor):
             self._declared_layout = [(name, tuple(param.shape), dtype_name(param))
                                      for name, param in named_parameters if param.requires_grad]
         self._config_checked = False
-        self._protocols: AsyncProtocols | None = None
-        self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys
+        self._protocols: AsyncProtocols | None = None       # made with the engine
+        self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys (the plan)
         self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
-        self._arrived: dict[str, torch.Tensor] = {}          # this step's gradients, by key
-        self._arrival: dict[str, float] = {}                 # ... their arrival, s after the first
-        self._step_began = 0.0
-        self._measuring = False                              # wait for the device in hooks
-        self._started: set[str] = set()
-        self._flushed = False
-        self._outstanding = 0
-        self._ordinal = 0
         self._warned_unmatched = False
+        self._step = _Step()
 
     # --- Horovod's interface --------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
-        # Refuse what cannot work before anything else: every rank fails here, none has issued a
-        # collective of this step.
+        """Horovod's call per gradient, in its backward hook: file the gradient into its bucket and
+        start the bucket's protocol as soon as the bucket is complete, so communication overlaps
+        the rest of the backward pass. Returns the one-element placeholder Horovod allreduces (in
+        the gradient's precision where Horovod can move it) and the gradient's key, which
+        ``decompress`` receives back."""
+        self._refuse(tensor)
+        first = self._step.outstanding == 0   # the first gradient of a new step
+        if first:
+            self._follow_world()
+        engine = self._ensure_engine()
+        if not self._config_checked:
+            self._agree_on_config(engine, tensor)
+        key = self._file(tensor, self._arrival_time(engine, tensor, first))
+        self._running().poll()
+        dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else torch.float32
+        return torch.zeros(1, dtype=dtype, device=tensor.device), key
+
+    def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
+        """Horovod's call per gradient when the optimizer steps: the gradient's average over ranks.
+        The first call of a step finishes the whole step (by then every rank has issued every
+        ``compress``), the later ones return their piece."""
+        if not self._step.flushed:
+            self._step.flushed = True
+            self._finish_step(tensor)
+        self._step.outstanding -= 1
+        bucket, position = self._bucket_of[ctx]
+        return self._running().results[bucket][position]
+
+    # --- the parts of a step ----------------------------------------------------------------------
+    def _refuse(self, tensor: torch.Tensor) -> None:
+        """Refuse what cannot work before anything else, so that every rank fails here and none has
+        issued a collective of this step: a reduction other than Average, a gradient dtype the
+        engine cannot sparsify. Warns once about an optimizer's own momentum on top of the
+        momentum correction."""
         optimizer, op = calling_optimizer(self)
         refuse_reduction_op(op, hvd)
         if optimizer is not None and not self._optimizer_seen:
             self._check_optimizer(optimizer_momentum(optimizer))
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
-        if self._outstanding == 0:  # first gradient of a new step
-            self._follow_world()
-        engine, protocols = self._ensure_engine(), self._protocols
-        if not self._config_checked:
-            # The first gradient of the job (or after an elastic reset, which re-arms the check on
-            # every rank, newcomers included), before Horovod has issued any collective of the
-            # step: every rank gets here, whatever its model. A rank with another method, options
-            # or (with named_parameters) another model fails now, with every other rank, instead
-            # of hanging on a collective the others never issue.
-            self._config_checked = True
-            run_blocking(engine.agree_on_config(self._declared_layout, like=tensor),
-                         protocols.comm.execute)
-        if self._outstanding == 0:
-            self._measuring = engine.measuring() and tensor.is_cuda
-        if self._measuring:
+
+    def _agree_on_config(self, engine: Engine, tensor: torch.Tensor) -> None:
+        """The first gradient of the job (or after an elastic reset, which re-arms the check on
+        every rank, newcomers included), before Horovod has issued any collective of the step:
+        every rank gets here, whatever its model. A rank with another method, options or (with
+        named_parameters) another model fails now, with every other rank, instead of hanging on
+        a collective the others never issue."""
+        self._config_checked = True
+        run_blocking(engine.agree_on_config(self._declared_layout, like=tensor), self._running().comm.execute)
+
+    def _arrival_time(self, engine: Engine, tensor: torch.Tensor, first: bool) -> float:
+        """When the gradient arrived (waiting for the device first in a measuring step); the first
+        gradient of a step begins the step there."""
+        measuring = engine.measuring() and tensor.is_cuda if first else self._step.measuring
+        if measuring:
             torch.cuda.synchronize(tensor.device)
         now = time.perf_counter()
-        if self._outstanding == 0:
-            self._begin_step(now)
-        self._outstanding += 1
-        key = self._key_for(tensor)
-        self._arrived[key] = tensor
-        self._arrival[key] = now - self._step_began
-        planned = self._bucket_of.get(key)
-        if planned is not None and all(m in self._arrived for m in self._members[planned[0]]):
-            self._start(planned[0])  # the bucket is complete: communicate during backward
-        protocols.poll()
-        dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else torch.float32
-        return torch.zeros(1, dtype=dtype, device=tensor.device), key
+        if first:
+            self._begin_step(now, measuring)
+        return now
 
-    def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
-        engine, protocols = self._ensure_engine(), self._protocols
-        if not self._flushed:  # first decompress of the step: every compress has happened
-            self._flushed = True
-            if set(self._arrived) != set(self._bucket_of):
-                self._make_plan()
-            if not engine.config_agreed():  # without named_parameters: the layout seen now
-                layout = [(key, tuple(t.shape), get_backend("torch").dtype_name(t))
-                          for keys in self._members.values() for key in keys
-                          for t in [self._arrived[key]]]
-                run_blocking(engine.agree_on_config(layout, like=tensor), protocols.comm.execute)
-            for bucket in self._members:
-                if bucket not in self._started:
-                    self._start(bucket)
-            try:
-                protocols.finish_all()
-            except Exception:
-                # Raised on every rank alike (a non-finite gradient with nonfinite="raise"): the
-                # buckets that finished take their step back, so it is applied nowhere, and the
-                # next compress begins a new step (README, "Non-finite gradients").
-                engine.take_back(list(protocols.results))
-                self._outstanding = 0
-                raise
-            ready = {bucket: max(self._arrival[key] for key in keys)
-                     for bucket, keys in self._members.items()}
-            run_blocking(engine.end_step(ready), protocols.comm.execute)
-        self._outstanding -= 1
-        bucket, position = self._bucket_of[ctx]
-        return protocols.results[bucket][position]
+    def _file(self, tensor: torch.Tensor, now: float) -> str:
+        """Keep the gradient for its bucket and start the bucket if it is complete; its key."""
+        step = self._step
+        step.outstanding += 1
+        key = self._key_for(tensor)
+        step.arrived[key] = tensor
+        step.arrival[key] = now - step.began
+        planned = self._bucket_of.get(key)
+        if planned is not None and all(m in step.arrived for m in self._members[planned[0]]):
+            self._start(planned[0])  # the bucket is complete: communicate during backward
+        return key
+
+    def _finish_step(self, like: torch.Tensor) -> None:
+        """At the first decompress of a step: plan the buckets (first step, or a changed set of
+        gradients), check the layout where ``named_parameters`` could not, start every bucket not
+        started yet, drive every protocol to completion, then run the once-per-step protocol."""
+        engine, protocols, step = self._ensure_engine(), self._running(), self._step
+        if set(step.arrived) != set(self._bucket_of):
+            self._make_plan()
+        if not engine.config_agreed():  # without named_parameters: the layout seen now
+            layout = [(key, tuple(t.shape), get_backend("torch").dtype_name(t))
+                      for keys in self._members.values() for key in keys for t in [step.arrived[key]]]
+            run_blocking(engine.agree_on_config(layout, like=like), protocols.comm.execute)
+        for bucket in self._members:
+            if bucket not in step.started:
+                self._start(bucket)
+        try:
+            protocols.finish_all()
+        except Exception:
+            # Raised on every rank alike (a non-finite gradient with nonfinite="raise"): the
+            # buckets that finished take their step back, so it is applied nowhere, and the
+            # next compress begins a new step (README, "Non-finite gradients").
+            engine.take_back(list(protocols.results))
+            step.outstanding = 0
+            raise
+        ready = {bucket: max(step.arrival[key] for key in keys) for bucket, keys in self._members.items()}
+        run_blocking(engine.end_step(ready), protocols.comm.execute)
 
     # --- what only this face measures -----------------------------------------------------------
     def _extra_stats(self) -> dict:
-        protocols = self._protocols
-        return {"comm_wait_seconds": protocols.wait_seconds,  # type: ignore[union-attr]
-                "comm_inflight_seconds": protocols.inflight_seconds()}  # type: ignore[union-attr]
+        protocols = self._running()
+        return {"comm_wait_seconds": protocols.wait_seconds,
+                "comm_inflight_seconds": protocols.inflight_seconds()}
 
     def communication_timeline(self) -> dict[str, tuple[float, float | None]]:
         """This step's buckets (the last step's, between steps): (issued, completed) in seconds
@@ -212,21 +253,33 @@ class SparseCompressor(FaceBase, Compressor):
         if self._protocols is None:
             return {}
         self._protocols.poll()
-        began = self._step_began
+        began = self._step.began
         return {key: (issued - began, None if done is None else done - began)
                 for key, (issued, done) in self._protocols.timeline().items()}
 
     def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         summed = hvd.allreduce(torch.from_numpy(values), op=hvd.Sum, name=name,
-                               process_set=self._protocols.comm.process_set)  # type: ignore[union-attr]
+                               process_set=self._running().comm.process_set)
         return summed.numpy()
 
     # --- internals --------------------------------------------------------------------------------
-    def _describe(self, tensor: torch.Tensor) -> str:
+    def _running(self) -> AsyncProtocols:
+        """The protocols in flight on the engine's communication layer (made with the engine)."""
+        self._ensure_engine()
+        assert self._protocols is not None, "_make_engine makes them"
+        return self._protocols
+
+    def _parameter_name(self, tensor: torch.Tensor) -> str | None:
+        """The name of the parameter whose gradient ``tensor`` is (from ``named_parameters``), or
+        None."""
         for name, param in self._params_by_numel.get(tensor.numel(), ()):
             if param.grad is tensor:
                 return name
-        return f"of shape {tuple(tensor.shape)}"
+        return None
+
+    def _describe(self, tensor: torch.Tensor) -> str:
+        """The gradient in an error message: its parameter's name, else its shape."""
+        return self._parameter_name(tensor) or f"of shape {tuple(tensor.shape)}"
 
     def _make_engine(self) -> Engine:
         comm = HorovodTorchComm(self.process_set)
@@ -241,42 +294,36 @@ class SparseCompressor(FaceBase, Compressor):
         return process_set.rank(), process_set.size()
 
     def _forget_step(self) -> None:
-        self._protocols = None   # the next engine comes with its own
-        self._config_checked = False   # every rank drops its engine together: check again
-        self._arrived.clear()
-        self._arrival.clear()
-        self._started.clear()
-        self._flushed = False
-        self._outstanding = 0
-        self._ordinal = 0
-        self._measuring = False
+        """A reset (elastic): the step in flight is abandoned, the next engine comes with its own
+        protocols, and every rank, dropping its engine together, checks the configuration again."""
+        self._protocols = None
+        self._config_checked = False
+        self._step = _Step()
 
-    def _begin_step(self, now: float) -> None:
-        self._protocols.clear()  # type: ignore[union-attr]
-        self._step_began = now
-        self._arrival.clear()
-        self._arrived.clear()
-        self._started.clear()
-        self._flushed = False
-        self._ordinal = 0
+    def _begin_step(self, now: float, measuring: bool) -> None:
+        """A new step from its first gradient, at ``now``; the last step's protocols are dropped."""
+        self._running().clear()
+        self._step = _Step(began=now, measuring=measuring)
 
     def _start(self, bucket: str) -> None:
-        tensors = [self._arrived[key] for key in self._members[bucket]]
-        self._protocols.start(bucket, self._ensure_engine().step(bucket, tensors))  # type: ignore[union-attr]
-        self._started.add(bucket)
+        """Start the bucket's protocol (its collectives issued asynchronously)."""
+        tensors = [self._step.arrived[key] for key in self._members[bucket]]
+        self._running().start(bucket, self._ensure_engine().step(bucket, tensors))
+        self._step.started.add(bucket)
 
     def _make_plan(self) -> None:
         """Buckets over the gradients that arrived, in a rank-independent order: parameter order
         when named_parameters was given, else the reverse of arrival (hook) order."""
+        arrived = self._step.arrived
         if self._param_order:
             unknown = len(self._param_order)
-            arrival = {k: i for i, k in enumerate(self._arrived)}
-            keys = sorted(self._arrived, key=lambda k: (self._param_order.get(k, unknown), arrival[k]))
+            arrival = {k: i for i, k in enumerate(arrived)}
+            keys = sorted(arrived, key=lambda k: (self._param_order.get(k, unknown), arrival[k]))
         else:
-            keys = list(reversed(self._arrived))
-        plan = self.algorithm.plan(keys, [self._arrived[k].numel() for k in keys])
+            keys = list(reversed(arrived))
+        plan = self.algorithm.plan(keys, [arrived[k].numel() for k in keys])
         members = {bucket: list(ks) for bucket, ks in plan}
-        for bucket in self._started:
+        for bucket in self._step.started:
             if members.get(bucket) != self._members.get(bucket):
                 raise ConfigurationError(
                     f"the set of gradients changed between steps (bucket {bucket!r} was "
@@ -286,13 +333,15 @@ class SparseCompressor(FaceBase, Compressor):
         self._bucket_of = {key: (bucket, i) for bucket, ks in plan for i, key in enumerate(ks)}
 
     def _key_for(self, tensor: torch.Tensor) -> str:
-        for name, param in self._params_by_numel.get(tensor.numel(), ()):
-            if param.grad is tensor:
-                return name
+        """The gradient's key: its parameter's name, else its order in the step ("t0", "t1", ...;
+        warned once when named_parameters was given but did not match)."""
+        name = self._parameter_name(tensor)
+        if name is not None:
+            return name
         if self._params_by_numel and not self._warned_unmatched:
             self._warned_unmatched = True
             warnings.warn("hvd_sparse: a gradient did not match any of named_parameters (a "
                           "converted or sparse gradient?); it is named by its order in the step",
-                          stacklevel=3)
-        self._ordinal += 1
-        return f"t{self._ordinal - 1}"
+                          stacklevel=4)
+        self._step.ordinal += 1
+        return f"t{self._step.ordinal - 1}"
