@@ -2,7 +2,8 @@
 
 A kernel gives exactly the result of the reference path (the backend's own framework ops) in
 fewer passes over memory. The torch backend asks ``ops_for(tensor)`` for the op module of the
-tensor's device and uses it where it has an op; without one it runs its reference ops.
+tensor's device; every op module has every op of ``KernelOps`` (hvd_sparse/backends/contract.py),
+each returning the named result of the backend op it replaces, or None where it has no kernel.
 
 * ``HVD_SPARSE_KERNELS=auto`` (default) or ``off`` in the environment, or
   ``hvd_sparse.set_kernels("auto" | "off")`` at run time, selects the kernels or the reference
@@ -22,8 +23,9 @@ import importlib
 import os
 import warnings
 from types import ModuleType
-from typing import Any
+from typing import Any, cast
 
+from ..backends.contract import KernelOps
 from ..errors import ConfigurationError  # hvd_sparse.errors: this package installs inside it
 
 MODES = ("auto", "off")
@@ -59,7 +61,7 @@ def set_mode(value: str) -> None:
     _mode = _checked(value, "the kernel mode")
 
 
-def ops_for(tensor: Any) -> ModuleType | None:
+def ops_for(tensor: Any) -> KernelOps | None:
     """The op module for ``tensor``'s device, or None: kernels off, no module for the device, or
     a module that cannot load (warned once per cause)."""
     if _mode == "off":
@@ -70,7 +72,7 @@ def ops_for(tensor: Any) -> ModuleType | None:
         return None
     if name not in _loaded:
         _loaded[name] = _load(name)
-    return _loaded[name]
+    return cast(KernelOps | None, _loaded[name])   # an op module has every op of KernelOps
 
 
 def _load(name: str) -> ModuleType | None:

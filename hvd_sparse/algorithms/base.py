@@ -27,7 +27,7 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, ClassVar, Unpack
 
-from ..backends import Backend, Momentum
+from ..backends import Backend, Momentum, Selected
 from ..comm import Protocol, finished
 from ..errors import ConfigurationError
 from .corrections import (  # noqa: F401
@@ -201,12 +201,14 @@ class Algorithm:
         return ctx.backend.accumulate(residual, tensors, momentum=ctx.momentum)
 
     def accumulate_select(self, residual: Any, tensors: list, control: Any, ctx: StepContext,
-                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
-        """(accumulated vector, this rank's indices, finite) from one backend op, for a method
-        whose selection is a threshold on the accumulated vector and needs no collective; the
-        inputs are cleared in the same pass with ``clear_inputs``. With ``check_finite``, inputs
-        holding NaN/Inf leave everything untouched and finite is False (the engine then selects
-        from zeros). Default None: the engine calls ``accumulate`` and then ``select``."""
+                          clear_inputs: bool, check_finite: bool) -> Selected | None:
+        """``Selected`` (accumulated vector, this rank's indices, probe counts, finite) from one
+        backend op -- the contract of ``Backend.accumulate_select`` and of the kernels
+        (backends/contract.py) -- for a method whose selection is a threshold on the accumulated
+        vector and needs no collective; the inputs are cleared in the same pass with
+        ``clear_inputs``. With ``check_finite``, inputs holding NaN/Inf leave everything untouched
+        and the result is not finite (the engine then selects from zeros). Default None: the
+        engine calls ``accumulate`` and then ``select``."""
         return None
 
     def prepare(self, control: Any, ctx: StepContext) -> Protocol:

@@ -40,6 +40,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from ..backends import Selected
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer
 from .corrections import CorrectionOptions
@@ -257,15 +258,15 @@ class GaussianK(Algorithm):
         return GaussianControl()
 
     def accumulate_select(self, residual: Any, tensors: list, control: GaussianControl, ctx: StepContext,
-                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
+                          clear_inputs: bool, check_finite: bool) -> Selected:
         """Error feedback with μ and σ taken in the accumulating pass (``Backend.accumulate_moments``),
         then the selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the
         same decisions."""
         acc, moments, finite = ctx.backend.accumulate_moments(residual, tensors, clear_inputs, check_finite,
                                                              ctx.momentum)
         if not finite:
-            return acc, None, False
-        return acc, self._select(acc, *moments, control, ctx), True
+            return Selected(acc, None, [], False)
+        return Selected(acc, self._select(acc, *moments, control, ctx), [], True)
 
     def select_local(self, acc: Any, control: GaussianControl, ctx: StepContext) -> Any:
         """The selection from μ and σ of ``acc`` (``Backend.mean_std``)."""

@@ -46,7 +46,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Unpack
 
 import numpy as np
 
-from ..backends import index_dtype_for
+from ..backends import Selected, index_dtype_for
 from ..comm import Protocol, finished
 from ..errors import ConfigurationError, renamed_options
 from .base import MODEL, UNION, Algorithm, StepContext, StepOutcome, check_choice
@@ -316,16 +316,16 @@ class MiCRO(Algorithm):
         return b.select_at_least(acc, lo, hi, control.used_threshold)[0]
 
     def accumulate_select(self, residual: Any, tensors: list, control: ExclusiveControl, ctx: StepContext,
-                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool] | None:
+                          clear_inputs: bool, check_finite: bool) -> Selected | None:
         if self.starting(control):
             return None   # accumulate, then select_local (two reads, on this step only)
         probes, every = self.probes(control, ctx)
-        acc, idx, counts, finite = ctx.backend.accumulate_select(
+        selected = ctx.backend.accumulate_select(
             residual, tensors, *control.own, control.used_threshold, probes, every,
             index_dtype_for(ctx.numel), clear_inputs, check_finite, ctx.momentum)
-        if finite:
-            self._keep_probes(control, counts, ctx)
-        return acc, idx, finite
+        if selected.finite:
+            self._keep_probes(control, selected.counts, ctx)
+        return selected
 
     def _keep_probes(self, control: ExclusiveControl, counts: list[float], ctx: StepContext) -> None:
         if self.threshold_scaling == "tracking":

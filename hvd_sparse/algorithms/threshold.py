@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 from typing import Any, Unpack
 
-from ..backends import index_dtype_for
+from ..backends import Selected, index_dtype_for
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, TENSOR, UNION, Algorithm, StepContext, is_real
 from .corrections import CorrectionOptions
@@ -80,12 +80,11 @@ class Threshold(Algorithm):
         return ctx.backend.select_at_least(acc, 0, ctx.numel, self.step_threshold(control, ctx))[0]
 
     def accumulate_select(self, residual: Any, tensors: list, control: float, ctx: StepContext,
-                          clear_inputs: bool, check_finite: bool) -> tuple[Any, Any, bool]:
+                          clear_inputs: bool, check_finite: bool) -> Selected:
         """Error feedback and the selection at λ in one pass (``Backend.accumulate_select``)."""
-        acc, idx, _, finite = ctx.backend.accumulate_select(
+        return ctx.backend.accumulate_select(
             residual, tensors, 0, ctx.numel, self.step_threshold(control, ctx), (), 1,
             index_dtype_for(ctx.numel), clear_inputs, check_finite, ctx.momentum)
-        return acc, idx, finite
 
     def control_stats(self, control: float) -> dict:
         """λ."""

@@ -1,10 +1,21 @@
-"""Backends: the bulk array operations of each framework (see base.py)."""
+"""Backends: the bulk array operations of each framework (the interface: base.py; the named
+results of the fused ops: contract.py; the numerics every path shares: exact.py)."""
 
 from __future__ import annotations
 
 from .base import Backend, Momentum, index_dtype_for
+from .contract import Moments, Norms, Selected, Velocity
 
-__all__ = ["Backend", "Momentum", "get_backend", "index_dtype_for"]
+__all__ = [
+    "Backend",
+    "Moments",
+    "Momentum",
+    "Norms",
+    "Selected",
+    "Velocity",
+    "get_backend",
+    "index_dtype_for",
+]
 
 _INSTANCES: dict[str, Backend] = {}
 

@@ -17,11 +17,10 @@ exact.py, below both.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 
-Array = Any  # a framework tensor: numpy.ndarray, torch.Tensor or tf.Tensor
+from .contract import Array, Moments, Norms, Selected, Velocity
 
 
 @dataclass
@@ -47,9 +46,11 @@ class Backend:
         raise NotImplementedError
 
     def from_numpy(self, array: np.ndarray, like: Array | None = None) -> Array:
+        """A framework array with ``array``'s contents, on the device of ``like``."""
         raise NotImplementedError
 
     def to_numpy(self, x: Array) -> np.ndarray:
+        """x as a NumPy array on the host (synchronizes)."""
         raise NotImplementedError
 
     def copy(self, x: Array) -> Array:
@@ -61,15 +62,19 @@ class Backend:
         raise NotImplementedError
 
     def reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
+        """x in ``shape`` (a view where the framework can)."""
         raise NotImplementedError
 
     def concat(self, xs: list[Array]) -> Array:
+        """The 1-D concatenation of ``xs``."""
         raise NotImplementedError
 
     def slice(self, x: Array, lo: int, hi: int) -> Array:
+        """x[lo:hi] (a view where the framework can)."""
         raise NotImplementedError
 
     def numel(self, x: Array) -> int:
+        """The number of entries of x."""
         raise NotImplementedError
 
     def dtype_name(self, x: Array) -> str:
@@ -77,6 +82,7 @@ class Backend:
         raise NotImplementedError
 
     def cast(self, x: Array, dtype: str) -> Array:
+        """x in ``dtype`` (a NumPy dtype name)."""
         raise NotImplementedError
 
     # --- arithmetic ------------------------------------------------------------------------------
@@ -89,6 +95,7 @@ class Backend:
         raise NotImplementedError
 
     def abs(self, x: Array) -> Array:
+        """|x|, elementwise."""
         raise NotImplementedError
 
     def sum_of_squares(self, x: Array) -> float:
@@ -145,6 +152,7 @@ class Backend:
         raise NotImplementedError
 
     def take(self, x: Array, idx: Array) -> Array:
+        """x[idx] (a gather)."""
         raise NotImplementedError
 
     def zero_at(self, x: Array, idx: Array) -> Array:
@@ -201,55 +209,54 @@ class Backend:
     def accumulate_select(self, residual: Array, tensors: list[Array], lo: int, hi: int, threshold: float,
                           probes: list[float] = (), every: int = 1, index_dtype: str = "int64",
                           clear_inputs: bool = False, check_finite: bool = False,
-                          momentum: Momentum | None = None
-                          ) -> tuple[Array, Array | None, list[float], bool]:
-        """``accumulate`` then ``select_at_least`` on the result: (accumulated vector, indices,
-        probe counts, True). A kernel does both in one pass and returns the indices as
+                          momentum: Momentum | None = None) -> Selected:
+        """``accumulate`` then ``select_at_least`` on the result: ``Selected`` (accumulated vector,
+        indices, probe counts, finite). A kernel does both in one pass and returns the indices as
         ``index_dtype`` (the reference returns int64; the engine casts either to the bucket's index
         dtype). With ``check_finite`` the inputs are first checked (``tensors_finite``; on a GPU in
         the same host synchronization as the count): when one holds NaN/Inf nothing is written (the
-        momentum buffer neither) and (residual, None, [], False) comes back."""
+        momentum buffer neither) and the result is not finite: (residual, None, [], False)."""
         if check_finite and not self.tensors_finite(tensors):
-            return residual, None, [], False
+            return Selected(residual, None, [], False)
         acc = self.accumulate(residual, tensors, clear_inputs, momentum)
-        return (acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
+        return Selected(acc, *self.select_at_least(acc, lo, hi, threshold, probes, every), True)
 
     def accumulate_moments(self, residual: Array, tensors: list[Array], clear_inputs: bool = False,
                            check_finite: bool = False, momentum: Momentum | None = None
-                           ) -> tuple[Array, tuple[float, float] | None, bool]:
-        """``accumulate`` then ``mean_std`` of the result: (accumulated vector, (mean, std), True);
-        a kernel takes the moments in the accumulating pass (Gaussian-k). With ``check_finite``
-        the inputs are first checked: when one holds NaN/Inf nothing is written and
-        (residual, None, False) comes back."""
+                           ) -> Moments:
+        """``accumulate`` then ``mean_std`` of the result: ``Moments`` (accumulated vector,
+        (mean, std), finite); a kernel takes the moments in the accumulating pass (Gaussian-k).
+        With ``check_finite`` the inputs are first checked: when one holds NaN/Inf nothing is
+        written and the result is not finite: (residual, None, False)."""
         if check_finite and not self.tensors_finite(tensors):
-            return residual, None, False
+            return Moments(residual, None, False)
         acc = self.accumulate(residual, tensors, clear_inputs, momentum)
-        return acc, self.mean_std(acc), True
+        return Moments(acc, self.mean_std(acc), True)
 
     def accumulate_norms(self, residual: Array, tensors: list[Array], lengths: list[int],
-                         momentum: Momentum | None = None) -> tuple[Array, np.ndarray]:
-        """``accumulate`` then ``segment_norms`` of the result: (accumulated vector, norms); a
-        kernel takes the sums of squares in the accumulating pass (DEFT)."""
+                         momentum: Momentum | None = None) -> Norms:
+        """``accumulate`` then ``segment_norms`` of the result: ``Norms`` (accumulated vector,
+        norms); a kernel takes the sums of squares in the accumulating pass (DEFT)."""
         acc = self.accumulate(residual, tensors, momentum=momentum)
-        return acc, self.segment_norms(acc, lengths)
+        return Norms(acc, self.segment_norms(acc, lengths))
 
     def momentum_accumulate(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
-                            nesterov: bool) -> tuple[Array, Array]:
-        """The momentum correction of the gradient g = concat(tensors): (velocity, momentum) with
-        u = u·m + g and velocity = residual + u, or with ``nesterov`` u = (u + g)·m and
-        velocity = residual + u + g; may write into residual and momentum."""
+                            nesterov: bool) -> Velocity:
+        """The momentum correction of the gradient g = concat(tensors): ``Velocity`` (residual + u,
+        u) with u = u·m + g, or with ``nesterov`` u = (u + g)·m and residual + u + g; may write into
+        residual and momentum."""
         grad = self.accumulate(self.zeros(self.numel(residual), self.dtype_name(residual), like=residual),
                                tensors)
         return self.momentum_step(residual, momentum, grad, factor, nesterov)
 
     def momentum_step(self, residual: Array, momentum: Array, grad: Array, factor: float,
-                      nesterov: bool) -> tuple[Array, Array]:
+                      nesterov: bool) -> Velocity:
         """``momentum_accumulate`` from the gradient as one vector (e.g. after clipping)."""
         if nesterov:
             momentum = self.scale(self.add(momentum, grad), factor)
-            return self.add(self.add(residual, momentum), grad), momentum
+            return Velocity(self.add(self.add(residual, momentum), grad), momentum)
         momentum = self.add(self.scale(momentum, factor), grad)
-        return self.add(residual, momentum), momentum
+        return Velocity(self.add(residual, momentum), momentum)
 
     def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool,
                      zeroed: bool = False) -> list[Array]:

@@ -17,6 +17,8 @@ from .exact import (
 
 
 class NumpyBackend(Backend):
+    """The reference semantics of every ``Backend`` method, in NumPy."""
+
     name = "numpy"
 
     def zeros(self, n, dtype="float32", like=None):

@@ -16,6 +16,8 @@ from .exact import (
 
 
 class TensorFlowBackend(Backend):
+    """``Backend`` on TensorFlow tensors (immutable: every method returns a new tensor)."""
+
     name = "tensorflow"
 
     def zeros(self, n, dtype="float32", like=None):

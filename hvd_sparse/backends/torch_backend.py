@@ -29,6 +29,9 @@ _NORM_CHUNK = 1 << 16
 
 
 class TorchBackend(Backend):
+    """``Backend`` on torch tensors, in place where it may; the fused ops run through the kernels
+    of the tensor's device (``kernels.ops_for``) where they handle the arguments."""
+
     name = "torch"
 
     def zeros(self, n, dtype="float32", like=None):
@@ -79,8 +82,8 @@ class TorchBackend(Backend):
         return float(torch.dot(x.double(), x.double()))
 
     def segment_norms(self, x, lengths):
-        kernel = getattr(kernels.ops_for(x), "segment_norms", None)   # CPU only, so far
-        norms = None if kernel is None else kernel(x, list(lengths))
+        ops = kernels.ops_for(x)
+        norms = None if ops is None else ops.segment_norms(x, list(lengths))
         if norms is not None:
             return norms
         # Squares summed in float64 one chunk at a time (a float64 copy of a whole model costs ten
@@ -103,8 +106,8 @@ class TorchBackend(Backend):
         return bool(torch.isfinite(x).all())
 
     def mean_std(self, x):
-        kernel = getattr(kernels.ops_for(x), "mean_std", None)   # CPU only, so far
-        done = None if kernel is None else kernel(x)
+        ops = kernels.ops_for(x)
+        done = None if ops is None else ops.mean_std(x)
         if done is not None:
             return done
         x64 = x.reshape(-1).to(torch.float64)
@@ -173,8 +176,8 @@ class TorchBackend(Backend):
         return x[idx]
 
     def zero_at(self, x, idx):
-        kernel = getattr(kernels.ops_for(x), "zero_at", None)   # CPU
-        if kernel is not None and kernel(x, idx):
+        ops = kernels.ops_for(x)
+        if ops is not None and ops.zero_at(x, idx):
             return x
         return x.index_fill_(0, idx.long(), 0)
 
@@ -197,8 +200,9 @@ class TorchBackend(Backend):
         if momentum is not None:   # the velocity's own op (one pass with the CPU kernel)
             return super().accumulate(residual, tensors, clear_inputs, momentum)
         ops = kernels.ops_for(residual)
-        if ops is not None and ops.accumulate(residual, tensors, clear_inputs):
-            return residual
+        done = None if ops is None else ops.accumulate(residual, tensors, clear_inputs)
+        if done is not None:
+            return done
         offset = 0
         for t in tensors:
             n = t.numel()
@@ -209,20 +213,22 @@ class TorchBackend(Backend):
         return residual
 
     def clear(self, tensors):
-        kernel = getattr(kernels.ops_for(tensors[0]), "clear", None) if tensors else None  # CPU
-        if kernel is None or kernel(tensors) is None:
+        ops = kernels.ops_for(tensors[0]) if tensors else None
+        if ops is None or ops.clear(tensors) is None:
             for t in tensors:
                 t.zero_()
 
     def momentum_accumulate(self, residual, momentum, tensors, factor, nesterov):
-        kernel = getattr(kernels.ops_for(residual), "momentum_accumulate", None)   # CPU
-        if kernel is not None and kernel(residual, momentum, tensors, factor, nesterov):
-            return residual, momentum
+        ops = kernels.ops_for(residual)
+        done = None if ops is None else ops.momentum_accumulate(residual, momentum, tensors, factor, nesterov)
+        if done is not None:
+            return done
         return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
 
     def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
-        kernel = getattr(kernels.ops_for(x), "select_at_least", None)  # CPU
-        done = None if kernel is None else kernel(x, lo, hi, threshold, list(probes), every, torch.int64)
+        ops = kernels.ops_for(x)
+        done = None if ops is None else ops.select_at_least(x, lo, hi, threshold, list(probes), every,
+                                                              torch.int64)
         if done is not None:
             return done
         return super().select_at_least(x, lo, hi, threshold, probes, every)
@@ -230,45 +236,37 @@ class TorchBackend(Backend):
     def accumulate_moments(self, residual, tensors, clear_inputs=False, check_finite=False, momentum=None):
         if momentum is not None:
             return super().accumulate_moments(residual, tensors, clear_inputs, check_finite, momentum)
-        kernel = getattr(kernels.ops_for(residual), "accumulate_moments", None)
-        done = None if kernel is None else kernel(residual, tensors, clear_inputs, check_finite)
+        ops = kernels.ops_for(residual)
+        done = None if ops is None else ops.accumulate_moments(residual, tensors, clear_inputs, check_finite)
         if done is not None:
-            finite, moments = done
-            return residual, moments, finite
+            return done
         return super().accumulate_moments(residual, tensors, clear_inputs, check_finite)
 
     def accumulate_norms(self, residual, tensors, lengths, momentum=None):
         if momentum is not None:
             return super().accumulate_norms(residual, tensors, lengths, momentum)
-        kernel = getattr(kernels.ops_for(residual), "accumulate_norms", None)
-        norms = None if kernel is None else kernel(residual, tensors, list(lengths))
-        if norms is not None:
-            return residual, norms
+        ops = kernels.ops_for(residual)
+        done = None if ops is None else ops.accumulate_norms(residual, tensors, list(lengths))
+        if done is not None:
+            return done
         return super().accumulate_norms(residual, tensors, lengths)
 
     def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
                           index_dtype="int64", clear_inputs=False, check_finite=False, momentum=None):
         ops = kernels.ops_for(residual)
+        done = None
         if ops is not None and momentum is not None:   # the momentum correction in the same pass
-            kernel = getattr(ops, "momentum_accumulate_select", None)
-            done = None if kernel is None else kernel(
+            # momentum.buffer updated in place (or, not finite, left)
+            done = ops.momentum_accumulate_select(
                 residual, momentum.buffer, tensors, momentum.factor, momentum.nesterov, lo, hi, threshold,
                 list(probes), every, _DTYPES[index_dtype], clear_inputs, check_finite)
-            if done is not None:   # momentum.buffer updated in place (or, not finite, left)
-                finite, idx, counts = done
-                return (residual, idx, counts, True) if finite else (residual, None, [], False)
         elif ops is not None:
-            args = (residual, tensors, lo, hi, threshold, list(probes), every, _DTYPES[index_dtype],
-                    clear_inputs)
-            if check_finite:   # the finite check and the count read together (one sync on a GPU)
-                done = ops.accumulate_select_if_finite(*args)
-                if done is not None:
-                    finite, idx, counts = done
-                    return (residual, idx, counts, True) if finite else (residual, None, [], False)
-            else:
-                done = ops.accumulate_select(*args)
-                if done is not None:
-                    return residual, done[0], done[1], True
+            # With check_finite: the finite check and the count read together (one sync on a GPU).
+            op = ops.accumulate_select_if_finite if check_finite else ops.accumulate_select
+            done = op(residual, tensors, lo, hi, threshold, list(probes), every, _DTYPES[index_dtype],
+                      clear_inputs)
+        if done is not None:
+            return done
         return super().accumulate_select(residual, tensors, lo, hi, threshold, probes, every,
                                          index_dtype, clear_inputs, check_finite, momentum)
 
@@ -287,10 +285,10 @@ class TorchBackend(Backend):
         cuts = torch.searchsorted(idx, torch.tensor(offsets, dtype=idx.dtype, device=idx.device)).tolist()
         if not zeroed:
             self.clear(tensors)
-        put_at = getattr(kernels.ops_for(values), "put_at", None)   # CPU
+        ops = kernels.ops_for(values)
         for t, lo, hi, offset in zip(tensors, cuts[:-1], cuts[1:], offsets, strict=False):
             flat = t.view(-1)
-            if hi > lo and not (put_at is not None and put_at(flat, idx[lo:hi], values[lo:hi], offset)):
+            if hi > lo and not (ops is not None and ops.put_at(flat, idx[lo:hi], values[lo:hi], offset)):
                 flat.index_put_((idx[lo:hi].long() - offset,), values[lo:hi].to(t.dtype))
         return list(tensors)
 

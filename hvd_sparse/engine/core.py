@@ -186,7 +186,7 @@ class Engine:
             if finite:
                 acc = method.accumulate(bucket.residual, tensors, control, ctx)
         else:
-            acc, idx, finite = fused
+            acc, idx, finite = fused.acc, fused.idx, fused.finite
         if ctx.momentum is not None:   # the velocity, updated (or, not finite, left) by the op
             bucket.momentum = ctx.momentum.buffer
         if not finite:   # select from zeros, as every method does on such a step

@@ -14,6 +14,7 @@ import ctypes
 import numpy as np
 import torch
 
+from ...backends.contract import Moments, Norms, Selected
 from ...backends.exact import float32_norms, mean_std_from_sums, sample_shape
 from ._library import bind
 from .norms import exact_mean_std
@@ -69,26 +70,28 @@ def clear(tensors: list[torch.Tensor]) -> bool | None:
     return True
 
 
-def accumulate(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool) -> bool | None:
-    """residual += concat(flattened tensors) in one pass, zeroing the inputs with ``clear_inputs``."""
+def accumulate(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool
+               ) -> torch.Tensor | None:
+    """residual += concat(flattened tensors) in one pass, zeroing the inputs with ``clear_inputs``;
+    the residual."""
     done = _run(residual, tensors, clear_inputs, 0, 0, 0.0, [], 1, torch.int64)
-    return None if done is None else True
+    return None if done is None else residual
 
 
 def accumulate_select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
                       threshold: float, probes: list[float], every: int, index_dtype: torch.dtype,
-                      clear_inputs: bool) -> tuple[torch.Tensor, list[float]] | None:
+                      clear_inputs: bool) -> Selected | None:
     """``accumulate``, and in the same pass the ascending indices in [lo, hi) with |a| >= threshold
     (rounded to the residual's dtype) and the probe counts of ``count_at_least``."""
-    return _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype)
+    done = _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype)
+    return None if done is None else Selected(residual, *done, True)
 
 
 def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
                                 threshold: float, probes: list[float], every: int,
-                                index_dtype: torch.dtype, clear_inputs: bool
-                                ) -> tuple[bool, torch.Tensor, list[float]] | None:
-    """(finite, idx, probe_counts): ``all_finite``, then ``accumulate_select``. When an input
-    holds NaN/Inf the residual keeps its values, idx is empty and the counts are 0; the inputs
+                                index_dtype: torch.dtype, clear_inputs: bool) -> Selected | None:
+    """``all_finite``, then ``accumulate_select``. When an input holds NaN/Inf the residual keeps
+    its values and the result is not finite (idx None, no counts); the inputs
     keep theirs too, except with ``clear_inputs``, when their contents are unspecified (the caller
     overwrites them).
 
@@ -101,29 +104,29 @@ def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tens
             t.dtype == residual.dtype and t.is_contiguous() for t in tensors):
         done = _run(residual, tensors, CHECK_AND_CLEAR, lo, hi, threshold, probes, every, index_dtype)
         if done is not None:
-            return (False, torch.zeros(0, dtype=index_dtype), [0.0] * len(probes)) if done is NOT_FINITE \
-                else (True, *done)
+            if done is NOT_FINITE:
+                return Selected(residual, None, [], False)
+            return Selected(residual, *done, True)
     finite = all_finite(tensors)
     if finite is None:
         return None
     if not finite:
-        return False, torch.zeros(0, dtype=index_dtype), [0.0] * len(probes)
-    done = accumulate_select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs)
-    return None if done is None else (True, *done)
+        return Selected(residual, None, [], False)
+    return accumulate_select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs)
 
 
 def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
                                factor: float, nesterov: bool, lo: int, hi: int, threshold: float,
                                probes: list[float], every: int, index_dtype: torch.dtype, clear_inputs: bool,
-                               check_finite: bool) -> tuple[bool, torch.Tensor, list[float]] | None:
-    """(finite, idx, probe_counts): ``accumulate_select`` with the momentum correction, in one pass
+                               check_finite: bool) -> Selected | None:
+    """``accumulate_select`` with the momentum correction, in one pass
     that reads u, the gradient and the residual and writes u and the residual: g = concat(tensors)
     in the residual's dtype, u = factor·u + g and residual += u (Nesterov: u = factor·(u + g) and
     residual = (residual + u) + g), each operation rounded as the reference
     ``Backend.momentum_accumulate`` rounds it, ``momentum`` (a contiguous vector of the residual's
     dtype and length) updated in place. With ``check_finite`` the inputs are read first: when one
-    holds NaN/Inf nothing is written (residual, u and inputs keep their values), idx is empty and
-    the counts are 0."""
+    holds NaN/Inf nothing is written (residual, u and inputs keep their values) and the result is
+    not finite (idx None, no counts)."""
     if (not _supported(residual, tensors) or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES
             or not 0 <= lo <= hi <= residual.numel() or momentum.device.type != "cpu"
             or momentum.dtype != residual.dtype or momentum.dim() != 1 or not momentum.is_contiguous()
@@ -134,8 +137,8 @@ def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, t
                              momentum.data_ptr(), float(factor), int(bool(nesterov)), int(bool(check_finite)),
                              lo, hi, *selection.arguments())
     if selected == _NOT_FINITE_CODE:
-        return False, torch.zeros(0, dtype=index_dtype), [0.0] * len(probes)
-    return None if selected < 0 else (True, *selection.result(selected))
+        return Selected(residual, None, [], False)
+    return None if selected < 0 else Selected(residual, *selection.result(selected), True)
 
 
 def _supported(residual: torch.Tensor, tensors: list[torch.Tensor]) -> bool:
@@ -232,25 +235,25 @@ def abs_at_least(x: torch.Tensor, lo: int, hi: int, threshold: float,
 
 
 def accumulate_moments(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
-                       check_finite: bool) -> tuple[bool, tuple[float, float] | None] | None:
-    """(finite, (mean, std)): ``all_finite`` when asked, then ``accumulate`` and in the same pass
-    the shifted float64 sums of the result, from which ``mean_std_from_sums`` gives the reference
-    ``mean_std`` exactly. When an input holds NaN/Inf nothing is written: (False, None)."""
+                       check_finite: bool) -> Moments | None:
+    """``all_finite`` when asked, then ``accumulate`` and in the same pass the shifted float64 sums
+    of the result, from which ``mean_std_from_sums`` gives the reference ``mean_std`` exactly. When
+    an input holds NaN/Inf nothing is written: not finite, moments None."""
     if not _supported(residual, tensors) or residual.numel() == 0:
         return None
     if check_finite and not all_finite(tensors):
-        return False, None
+        return Moments(residual, None, False)
     sums = (ctypes.c_double * 3)()
     depth = _i64()
     if _accumulating(residual, tensors, clear_inputs, _accumulate_moments, sums, ctypes.byref(depth)) < 0:
         return None
     shift, t1, t2 = sums
-    return True, mean_std_from_sums(residual.numel(), shift, t1, t2, depth.value, lambda: residual,
-                                    exact_mean_std)
+    return Moments(residual, mean_std_from_sums(residual.numel(), shift, t1, t2, depth.value,
+                                                lambda: residual, exact_mean_std), True)
 
 
 def accumulate_norms(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int]
-                     ) -> np.ndarray | None:
+                     ) -> Norms | None:
     """``accumulate``, and in the same pass the reference ``segment_norms`` of the result: the
     float64 sums of squares of each segment, turned into float32 norms by ``float32_norms``."""
     if (not _supported(residual, tensors) or not lengths or any(length < 0 for length in lengths)
@@ -263,5 +266,5 @@ def accumulate_norms(residual: torch.Tensor, tensors: list[torch.Tensor], length
                      sums.ctypes.data, depths.ctypes.data) < 0:
         return None
     starts = np.cumsum([0, *lengths]).tolist()
-    return float32_norms(sums.tolist(), depths.tolist(),
-                         lambda i: residual[starts[i]:starts[i + 1]].numpy())
+    return Norms(residual, float32_norms(sums.tolist(), depths.tolist(),
+                                         lambda i: residual[starts[i]:starts[i + 1]].numpy()))

@@ -12,6 +12,7 @@ import ctypes
 
 import torch
 
+from ...backends.contract import Velocity
 from ._library import bind
 
 _i64, _ptr = ctypes.c_int64, ctypes.c_void_p
@@ -22,8 +23,8 @@ _FUNCTIONS = {dtype: bind(f"hvd_sparse_momentum_{name}", ctypes.c_int,
 
 
 def momentum_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
-                        factor: float, nesterov: bool) -> bool | None:
-    """u = u·m + g, r = r + u (nesterov: u = (u + g)·m, r = r + u + g), in place."""
+                        factor: float, nesterov: bool) -> Velocity | None:
+    """u = u·m + g, r = r + u (nesterov: u = (u + g)·m, r = r + u + g), in place: (r, u)."""
     function = _FUNCTIONS.get(residual.dtype)
     vectors = (residual, momentum)
     if (function is None or any(v.device.type != "cpu" or v.dtype != residual.dtype or v.dim() != 1
@@ -37,4 +38,4 @@ def momentum_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors:
     sizes = (_i64 * len(flats))(*[t.numel() for t in flats])
     if function(residual.data_ptr(), momentum.data_ptr(), pointers, sizes, len(flats), factor, int(nesterov)):
         raise RuntimeError("momentum kernel refused its arguments")
-    return True
+    return Velocity(residual, momentum)

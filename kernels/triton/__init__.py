@@ -7,7 +7,8 @@ loader (hvd_sparse.kernels) runs the reference path after one warning. Every op 
 arguments it has no kernel for (an integer input, an fp16 residual, a non-contiguous residual,
 tensors on different devices); the caller then runs the reference ops.
 
-The ops of the kernel contract, with the reference's results bit for bit:
+The ops of the kernel contract (``KernelOps``, hvd_sparse/backends/contract.py: each returns the
+named result of the backend op it replaces), with the reference's results bit for bit:
 
 * ``all_finite(tensors)``                                    -- 1 host synchronization
 * ``accumulate(residual, tensors, clear_inputs)``            -- 0
@@ -47,6 +48,8 @@ compiled, and the host synchronizations are counted. scripts/gpu_check.sh runs t
 
 from __future__ import annotations
 
+from hvd_sparse.backends.contract import not_handled
+
 from .. import KernelUnavailable
 
 try:
@@ -69,6 +72,10 @@ from .accumulate import (
 from .sums import accumulate_moments, accumulate_norms, mean_std, segment_norms
 from .topk import topk_abs
 
+# Ops of the contract without a GPU kernel: the torch ops are already one pass there.
+clear = select_at_least = zero_at = put_at = not_handled
+
 __all__ = ["accumulate", "accumulate_if_finite", "accumulate_moments", "accumulate_norms",
-           "accumulate_select", "accumulate_select_if_finite", "all_finite", "finite_flag", "mean_std",
-           "momentum_accumulate", "momentum_accumulate_select", "segment_norms", "topk_abs"]
+           "accumulate_select", "accumulate_select_if_finite", "all_finite", "clear", "finite_flag",
+           "mean_std", "momentum_accumulate", "momentum_accumulate_select", "put_at", "segment_norms",
+           "select_at_least", "topk_abs", "zero_at"]

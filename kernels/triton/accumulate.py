@@ -20,6 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hvd_sparse.backends.contract import Selected, Velocity
 from hvd_sparse.backends.exact import sample_shape
 
 from . import _common
@@ -269,7 +270,7 @@ def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: in
             threshold: float, probes: list[float], every: int, index_dtype: torch.dtype,
             clear_inputs: bool, check_finite: bool,
             momentum: tuple[torch.Tensor, float, bool] | None = None
-            ) -> tuple[bool, torch.Tensor, list[float]] | None:
+            ) -> Selected | None:
     if not (_residual_supported(residual, tensors) and index_dtype in INDICES
             and 0 <= lo <= hi <= residual.numel()
             and (index_dtype == torch.int64 or hi <= torch.iinfo(torch.int32).max)):
@@ -292,7 +293,7 @@ def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: in
             _compact_kernel[(selection.num_blocks,)](
                 residual, lo, hi, selection.range_block, ends, index, selection.key,
                 NAN_KEY=nan_key(residual.dtype), BLOCK=_common.BLOCK)
-    return finite, index, probe_counts
+    return Selected(residual, index, probe_counts, True) if finite else Selected(residual, None, [], False)
 
 
 # --- the ops ---------------------------------------------------------------------------------------
@@ -314,14 +315,14 @@ def all_finite(tensors: list[torch.Tensor]) -> bool | None:
 
 
 def accumulate(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
-               skip_if: torch.Tensor | None = None) -> bool | None:
-    """residual += concat(flattened tensors), as the reference adds slice by slice; with
+               skip_if: torch.Tensor | None = None) -> torch.Tensor | None:
+    """residual += concat(flattened tensors), as the reference adds slice by slice (the residual); with
     ``clear_inputs`` the inputs are zeroed in the same pass. With ``skip_if`` (a device flag such
     as ``finite_flag``'s), nothing is written when the flag is nonzero. No host synchronization."""
     if not _residual_supported(residual, tensors):
         return None
     _accumulate_into(residual, tensors, clear_inputs, skip_if, None)
-    return True
+    return residual
 
 
 def accumulate_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor],
@@ -339,22 +340,19 @@ def accumulate_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor],
 
 def accumulate_select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
                       threshold: float, probes: list[float], every: int,
-                      index_dtype: torch.dtype, clear_inputs: bool
-                      ) -> tuple[torch.Tensor, list[float]] | None:
+                      index_dtype: torch.dtype, clear_inputs: bool) -> Selected | None:
     """``accumulate``, then the ascending indices i in [lo, hi) with |a_i| >= threshold and the
     probe counts of count_at_least(|a[lo:hi]|, probes, every). One host synchronization."""
-    result = _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
-                     clear_inputs, check_finite=False)
-    return None if result is None else result[1:]
+    return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
+                   clear_inputs, check_finite=False)
 
 
 def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int,
                                 hi: int, threshold: float, probes: list[float], every: int,
-                                index_dtype: torch.dtype, clear_inputs: bool
-                                ) -> tuple[bool, torch.Tensor, list[float]] | None:
-    """(finite, idx, probe_counts): the finite check, ``accumulate_select`` and the read of both
-    in ONE host synchronization. When an input holds NaN/Inf nothing is written (residual and
-    inputs keep their values), idx is empty and the counts are 0."""
+                                index_dtype: torch.dtype, clear_inputs: bool) -> Selected | None:
+    """The finite check, ``accumulate_select`` and the read of both in ONE host synchronization.
+    When an input holds NaN/Inf nothing is written (residual and inputs keep their values) and
+    the result is not finite (idx None, no counts)."""
     return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
                    clear_inputs, check_finite=True)
 
@@ -365,7 +363,7 @@ def _velocity_supported(residual: torch.Tensor, momentum: torch.Tensor) -> bool:
 
 
 def momentum_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
-                        factor: float, nesterov: bool) -> bool | None:
+                        factor: float, nesterov: bool) -> Velocity | None:
     """The reference ``Backend.momentum_accumulate`` in one pass: g = concat(tensors) in the
     residual's dtype, u = factor·u + g and residual += u (Nesterov: u = factor·(u + g) and
     residual = (residual + u) + g), residual and ``momentum`` (the velocity u) in place. No host
@@ -373,14 +371,14 @@ def momentum_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors:
     if not (_residual_supported(residual, tensors) and _velocity_supported(residual, momentum)):
         return None
     _accumulate_into(residual, tensors, False, None, None, (momentum, factor, nesterov))
-    return True
+    return Velocity(residual, momentum)
 
 
 def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
                                factor: float, nesterov: bool, lo: int, hi: int, threshold: float,
                                probes: list[float], every: int, index_dtype: torch.dtype, clear_inputs: bool,
-                               check_finite: bool) -> tuple[bool, torch.Tensor, list[float]] | None:
-    """(finite, idx, probe_counts): ``accumulate_select`` (``accumulate_select_if_finite`` with
+                               check_finite: bool) -> Selected | None:
+    """``accumulate_select`` (``accumulate_select_if_finite`` with
     ``check_finite``) with the momentum correction of ``momentum_accumulate`` in the same pass,
     the velocity updated in place. ONE host synchronization. When an input holds NaN/Inf (with
     ``check_finite``) nothing is written: residual, velocity and inputs keep their values."""

@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from hvd_sparse.backends.contract import Moments, Norms
 from hvd_sparse.backends.exact import float32_norms, mean_std_from_sums
 
 from ._common import RESIDUALS, on_device
@@ -164,10 +165,10 @@ def segment_norms(x: torch.Tensor, lengths: list[int]) -> np.ndarray | None:
 
 
 def accumulate_moments(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
-                       check_finite: bool) -> tuple[bool, tuple[float, float] | None] | None:
-    """(finite, (mean, std)): the finite check when asked, ``accumulate`` (gated by it on the
-    device) and the moments of the result, read with the flag in ONE host synchronization. Not
-    finite: nothing was written, (False, None)."""
+                       check_finite: bool) -> Moments | None:
+    """The finite check when asked, ``accumulate`` (gated by it on the device) and the moments of
+    the result, read with the flag in ONE host synchronization. Not finite: nothing was written,
+    moments None."""
     if not _residual_supported(residual, tensors) or residual.numel() < 2:
         return None
     flag = None
@@ -176,13 +177,13 @@ def accumulate_moments(residual: torch.Tensor, tensors: list[torch.Tensor], clea
         _nonfinite_into(flag, tensors)
     _accumulate_into(residual, tensors, clear_inputs, flag, None)
     finite, moments = _moments(residual, flag)
-    return (True, moments) if finite else (False, None)
+    return Moments(residual, moments, True) if finite else Moments(residual, None, False)
 
 
 def accumulate_norms(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int]
-                     ) -> np.ndarray | None:
+                     ) -> Norms | None:
     """``accumulate``, then the reference ``segment_norms`` of the result (one synchronization)."""
     if not _residual_supported(residual, tensors) or not _lengths_fit(lengths, residual.numel()):
         return None
     _accumulate_into(residual, tensors, False, None, None)
-    return _norms(residual, lengths)
+    return Norms(residual, _norms(residual, lengths))

@@ -120,7 +120,7 @@ def test_accumulate_is_torch_add_bit_for_bit(residual_dtype, clear):
         expected = reference_accumulate(start.clone(), inputs)
         given = [t.clone() for t in inputs]
         residual = start.clone()
-        assert ops.accumulate(residual, given, clear) is True
+        assert ops.accumulate(residual, given, clear) is residual
         assert same(residual, expected), name
         for t, original in zip(given, inputs, strict=True):
             assert same(t, torch.zeros_like(t) if clear else original)
@@ -139,7 +139,7 @@ def test_accumulate_takes_non_contiguous_inputs_and_clears_them():
     start = torch.randn(sum(t.numel() for t in inputs))
     expected = reference_accumulate(start.clone(), inputs)
     residual = start.clone()
-    assert ops.accumulate(residual, given, True)
+    assert ops.accumulate(residual, given, True) is residual
     assert same(residual, expected)
     assert all(bool((t == 0).all()) for t in given)
 
@@ -150,14 +150,14 @@ def test_accumulate_select_if_finite_writes_nothing_when_an_input_is_not_finite(
     residual, inputs = torch.randn(10), [torch.randn(4), torch.randn(6).half()]
     inputs[1][2] = float("inf")
     before, given = residual.clone(), [t.clone() for t in inputs]
-    finite, idx, counts = ops.accumulate_select_if_finite(residual, given, 0, 10, 0.1, [0.2], 1,
-                                                          torch.int32, True)
-    assert not finite and idx.numel() == 0 and idx.dtype == torch.int32 and counts == [0.0]
+    assert ops.accumulate_select_if_finite(residual, given, 0, 10, 0.1, [0.2], 1, torch.int32,
+                                           True) == (residual, None, [], False)
     assert same(residual, before) and all(same(a, b) for a, b in zip(given, inputs, strict=True))
     inputs[1][2] = 0.5
     expected = before + torch.cat([t.float() for t in inputs])
-    finite, idx, _ = ops.accumulate_select_if_finite(residual, inputs, 0, 10, 0.1, [], 1, torch.int64, True)
-    assert finite and same(residual, expected)
+    acc, idx, _, finite = ops.accumulate_select_if_finite(residual, inputs, 0, 10, 0.1, [], 1, torch.int64,
+                                                          True)
+    assert finite and acc is residual and same(residual, expected)
     assert torch.equal(idx, torch.nonzero(expected.abs() >= 0.1).reshape(-1))
 
 
@@ -181,10 +181,10 @@ def test_the_finite_check_in_the_accumulating_pass_restores_the_residual(dtype, 
         inputs[tensor][index] = value
     before, given = residual.clone(), [t.clone() for t in inputs]
     lo, hi, probes = 1000, 60_000, [0.5, 2.0]
-    finite, idx, counts = ops.accumulate_select_if_finite(residual, given, lo, hi, 1.0, probes, 1,
-                                                          torch.int32, True)
+    _, idx, counts, finite = ops.accumulate_select_if_finite(residual, given, lo, hi, 1.0, probes, 1,
+                                                             torch.int32, True)
     if where != "none":
-        assert not finite and idx.numel() == 0 and counts == [0.0, 0.0]
+        assert not finite and idx is None and counts == []
         assert same(residual, before)
         return
     expected = before + torch.cat(inputs)
@@ -222,7 +222,7 @@ def test_accumulate_select_matches_the_reference(residual_dtype, index_dtype):
                                                         every)
                     given = [t.clone() for t in inputs]
                     residual = start.clone()
-                    got_idx, got_counts = ops.accumulate_select(
+                    _, got_idx, got_counts, _ = ops.accumulate_select(
                         residual, given, lo, hi, threshold, probes, every, index_dtype, True)
                     where = f"{name} [{lo}, {hi}) T={threshold} probes={probes}/{every}"
                     assert same(residual, acc), where
@@ -239,7 +239,7 @@ def test_threshold_is_rounded_to_the_residual_dtype_as_numpy_and_torch_do():
     f = float(np.float32(t))
     below = float(np.nextafter(np.float32(f), np.float32(0)))
     residual = torch.tensor([f, below, -f, t], dtype=torch.float32)
-    idx, _ = ops.accumulate_select(residual, [torch.zeros(4)], 0, 4, t, [], 1, torch.int64, False)
+    idx = ops.accumulate_select(residual, [torch.zeros(4)], 0, 4, t, [], 1, torch.int64, False).idx
     assert idx.tolist() == np.flatnonzero(np.abs(residual.numpy()) >= t).tolist() == [0, 2, 3]
     assert idx.tolist() == torch.nonzero(residual.abs() >= t).reshape(-1).tolist()
 
@@ -335,7 +335,7 @@ def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, siz
     # magnitude), none with kernels off; one rank's step 7 was not finite
     starts = size if getattr(algorithm, "threshold_start", None) == "local" else 0
     assert ran == len(fused) == steps * size - starts and all(f is not None for f in fused)
-    assert [f[0] for f in fused].count(False) == 1
+    assert [f.finite for f in fused].count(False) == 1
     assert_identical(on, off)
 
 

@@ -71,11 +71,11 @@ def test_accumulate_moments_kernel_runs_and_writes_nothing_on_a_non_finite_input
     ops = cpu_ops()
     residual, inputs = torch.randn(10), [torch.randn(4), torch.randn(6).half()]
     done = ops.accumulate_moments(residual.clone(), clones(inputs), True, True)
-    assert done is not None and done[0] is True
-    assert same_floats(done[1], TB.mean_std(reference(TB.accumulate, residual.clone(), inputs)))
+    assert done is not None and done.finite is True
+    assert same_floats(done.moments, TB.mean_std(reference(TB.accumulate, residual.clone(), inputs)))
     inputs[1][2] = float("nan")
     before, given = residual.clone(), clones(inputs)
-    assert ops.accumulate_moments(residual, given, True, True) == (False, None)
+    assert ops.accumulate_moments(residual, given, True, True) == (residual, None, False)
     assert same(residual, before) and all(same(a, b) for a, b in zip(given, inputs, strict=True))
     assert ops.accumulate_moments(torch.zeros(4, dtype=torch.float16), [torch.ones(4)], False, False) is None
     assert ops.accumulate_moments(torch.zeros(0), [], False, False) is None   # no entry: reference

@@ -49,15 +49,14 @@ def check_op(ops, residual, u, inputs, nesterov, lo, hi, threshold, probes, ever
     done = ops.momentum_accumulate_select(got_residual, got_u, got_inputs, FACTOR, nesterov, lo, hi,
                                           threshold, probes, every, index_dtype, clear, check)
     assert done is not None, where
-    got_finite, got_idx, got_counts = done
+    _, got_idx, got_counts, got_finite = done
     assert got_finite is finite, where
     assert same(got_residual, acc) and same(got_u, velocity), where
     if finite:
         assert got_idx.dtype == index_dtype and torch.equal(got_idx.long(), idx), where
         assert got_counts == counts, where
     else:   # nothing written, inputs included
-        assert got_idx.numel() == 0 and got_idx.dtype == index_dtype, where
-        assert got_counts == [0.0] * len(probes), where
+        assert got_idx is None and got_counts == [], where
         assert same(got_residual, residual) and same(got_u, u), where
     for a, b in zip(got_inputs, want_inputs, strict=True):
         assert a.stride() == b.stride() and same(a, b), where   # cleared, or not, alike
@@ -152,7 +151,7 @@ def test_fused_momentum_declines_what_it_does_not_handle():
     ops = cpu_ops()
     e, u, g = torch.zeros(8), torch.zeros(8), [torch.ones(8)]
     args = (0.9, False, 0, 8, 0.5, [], 1, torch.int64, False, True)
-    assert ops.momentum_accumulate_select(e, u, g, *args)[0] is True
+    assert ops.momentum_accumulate_select(e, u, g, *args).finite is True
     assert ops.momentum_accumulate_select(e, u.double(), g, *args) is None          # u of another dtype
     assert ops.momentum_accumulate_select(e, torch.zeros(9), g, *args) is None      # u of another size
     assert ops.momentum_accumulate_select(e, torch.zeros(16)[::2], g, *args) is None  # u not contiguous
@@ -239,7 +238,7 @@ def test_engine_with_momentum_identical_with_kernels_on_and_off(name, algorithm,
     # then selects by magnitude), none with kernels off; one rank's step 7 was not finite
     starts = size if getattr(algorithm, "threshold_start", None) == "local" else 0
     assert ran == len(fused) == steps * size - starts and all(f is not None for f in fused)
-    assert [f[0] for f in fused].count(False) == 1
+    assert [f.finite for f in fused].count(False) == 1
     for step, (ranks_on, ranks_off) in enumerate(zip(on, off, strict=True)):
         for rank, (a, b) in enumerate(zip(ranks_on, ranks_off, strict=True)):
             where = f"step {step} rank {rank}"

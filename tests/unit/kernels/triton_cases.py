@@ -133,7 +133,7 @@ def test_accumulate(residual_dtype, kind, clear_inputs):
     residual = residual_for(tensors, residual_dtype, 4)
     expected = REF.accumulate(residual.clone(), clones(tensors))
     inputs = clones(tensors)
-    assert kt.accumulate(residual, inputs, clear_inputs) is True
+    assert kt.accumulate(residual, inputs, clear_inputs) is residual
     assert same_bits(residual, expected)
     for before, after in zip(tensors, inputs, strict=True):
         assert after.stride() == before.stride()
@@ -208,7 +208,7 @@ def test_accumulate_select(kind, residual_dtype, span):
     expected, expected_idx, expected_counts = reference_select(
         residual, tensors, lo, hi, threshold, probes, 1, index_dtype)
     inputs = clones(tensors)
-    idx, counts = kt.accumulate_select(residual, inputs, lo, hi, threshold, probes, 1,
+    _, idx, counts, _ = kt.accumulate_select(residual, inputs, lo, hi, threshold, probes, 1,
                                        index_dtype, clear_inputs)
     assert same_bits(residual, expected)
     assert idx.dtype == index_dtype and torch.equal(idx, expected_idx)
@@ -233,7 +233,7 @@ def test_select_thresholds_round_like_the_reference(residual_dtype, threshold):
     with np.errstate(over="ignore"):
         expected, expected_idx, expected_counts = reference_select(
             residual, tensors, 0, 506, threshold, probes, 1, torch.int64)
-    idx, counts = kt.accumulate_select(residual, clones(tensors), 0, 506, threshold, probes, 1,
+    _, idx, counts, _ = kt.accumulate_select(residual, clones(tensors), 0, 506, threshold, probes, 1,
                                        torch.int64, False)
     assert same_bits(residual, expected)
     assert torch.equal(idx, expected_idx)
@@ -253,7 +253,7 @@ def test_probe_counts_on_the_sampled_sub_range(every, span, monkeypatch):
     probes = [0.1, 0.5, 1.0, 2.0, 4.0]
     expected, expected_idx, expected_counts = reference_select(
         residual, tensors, lo, hi, 1.0, probes, every, torch.int32)
-    idx, counts = kt.accumulate_select(residual, clones(tensors), lo, hi, 1.0, probes, every,
+    _, idx, counts, _ = kt.accumulate_select(residual, clones(tensors), lo, hi, 1.0, probes, every,
                                        torch.int32, True)
     assert same_bits(residual, expected)
     assert torch.equal(idx, expected_idx)
@@ -264,7 +264,7 @@ def test_probe_counts_sampled_range_too_short_is_counted_whole():
     tensors = [values("random", 1500, torch.float32, 13)]
     residual = residual_for(tensors, torch.float64, 14)
     expected = reference_select(residual, tensors, 0, 1500, 1.0, [0.5, 3.0], 8, torch.int64)
-    _, counts = kt.accumulate_select(residual, clones(tensors), 0, 1500, 1.0, [0.5, 3.0], 8,
+    _, _, counts, _ = kt.accumulate_select(residual, clones(tensors), 0, 1500, 1.0, [0.5, 3.0], 8,
                                      torch.int64, False)
     assert counts == expected[2]
 
@@ -273,7 +273,7 @@ def test_select_without_probes():
     tensors = [values("random", 700, torch.float32, 15)]
     residual = residual_for(tensors, torch.float32, 16)
     expected = reference_select(residual, tensors, 5, 690, 0.5, [], 1, torch.int32)
-    idx, counts = kt.accumulate_select(residual, clones(tensors), 5, 690, 0.5, [], 1, torch.int32,
+    _, idx, counts, _ = kt.accumulate_select(residual, clones(tensors), 5, 690, 0.5, [], 1, torch.int32,
                                        False)
     assert counts == [] and torch.equal(idx, expected[1])
 
@@ -284,8 +284,8 @@ def test_accumulate_select_if_finite(kind):
     residual = residual_for(tensors, torch.float32, 18)
     before = residual.clone()
     inputs = clones(tensors)
-    finite, idx, counts = kt.accumulate_select_if_finite(residual, inputs, 100, 2500, 1.0,
-                                                         [0.5, 2.0], 1, torch.int32, True)
+    _, idx, counts, finite = kt.accumulate_select_if_finite(residual, inputs, 100, 2500, 1.0,
+                                                            [0.5, 2.0], 1, torch.int32, True)
     if kind == "random":
         expected, expected_idx, expected_counts = reference_select(
             before, tensors, 100, 2500, 1.0, [0.5, 2.0], 1, torch.int32)
@@ -295,8 +295,7 @@ def test_accumulate_select_if_finite(kind):
         assert all(same_bits(x, torch.zeros_like(t)) for t, x in zip(tensors, inputs, strict=True))
     else:
         assert finite is False
-        assert same_bits(residual, before) and idx.numel() == 0 and idx.dtype == torch.int32
-        assert counts == [0.0, 0.0]
+        assert same_bits(residual, before) and idx is None and counts == []
         assert all(same_bits(x, t) for t, x in zip(tensors, inputs, strict=True))
 
 
@@ -306,7 +305,7 @@ def test_select_at_default_block_size(monkeypatch):
     tensors = [values("heavy", 2500, torch.float32, 19), values("heavy", 3000, torch.bfloat16, 20)]
     residual = residual_for(tensors, torch.float32, 21)
     expected = reference_select(residual, tensors, 1000, 5400, 0.8, [0.4, 1.6], 1, torch.int32)
-    idx, counts = kt.accumulate_select(residual, clones(tensors), 1000, 5400, 0.8, [0.4, 1.6], 1,
+    _, idx, counts, _ = kt.accumulate_select(residual, clones(tensors), 1000, 5400, 0.8, [0.4, 1.6], 1,
                                        torch.int32, True)
     assert same_bits(residual, expected[0]) and torch.equal(idx, expected[1])
     assert counts == expected[2]
@@ -361,7 +360,7 @@ def test_momentum_accumulate_select(kind, span, check_finite, residual_dtype, ne
         check_finite)
     inputs = clones(tensors)
     got_u = velocity.clone()
-    got_finite, idx, counts = kt.momentum_accumulate_select(
+    _, idx, counts, got_finite = kt.momentum_accumulate_select(
         residual, got_u, inputs, 0.9, nesterov, lo, hi, threshold, probes, 1, index_dtype, clear_inputs,
         check_finite)
     assert got_finite is finite is (not check_finite or kind != "nonfinite")
@@ -370,7 +369,7 @@ def test_momentum_accumulate_select(kind, span, check_finite, residual_dtype, ne
         assert idx.dtype == index_dtype and torch.equal(idx, expected_idx)
         assert counts == expected_counts
     else:
-        assert idx.numel() == 0 and idx.dtype == index_dtype and counts == [0.0, 0.0]
+        assert idx is None and counts == []
     for t, x, want in zip(tensors, inputs, expected_inputs, strict=True):
         assert x.stride() == t.stride() and same_bits(x, want)
 
@@ -384,7 +383,7 @@ def test_momentum_accumulate(residual_dtype, nesterov):
     velocity = residual_for(tensors, residual_dtype, 45)
     expected = REF.momentum_accumulate(residual.clone(), velocity.clone(), clones(tensors), 0.9, nesterov)
     inputs = clones(tensors)
-    assert kt.momentum_accumulate(residual, velocity, inputs, 0.9, nesterov) is True
+    assert kt.momentum_accumulate(residual, velocity, inputs, 0.9, nesterov) == (residual, velocity)
     assert same_bits(residual, expected[0]) and same_bits(velocity, expected[1])
     assert all(same_bits(x, t) for t, x in zip(tensors, inputs, strict=True))
 
@@ -404,8 +403,8 @@ def test_momentum_signed_zeros_and_single_roundings(nesterov):
         select = (0, 30, 1.0, [0.5], 1, torch.int64, True, False)
         want = reference_momentum_select(e, u, inputs, nesterov, *select)
         got_e, got_u = e.clone(), u.clone()
-        finite, idx, counts = kt.momentum_accumulate_select(got_e, got_u, clones(inputs), 0.9, nesterov,
-                                                            *select)
+        _, idx, counts, finite = kt.momentum_accumulate_select(got_e, got_u, clones(inputs), 0.9,
+                                                               nesterov, *select)
         assert finite and same_bits(got_e, want[1]) and same_bits(got_u, want[2])
         assert torch.equal(idx, want[3]) and counts == want[4]
 
@@ -417,8 +416,9 @@ def test_momentum_at_default_block_size(monkeypatch):
     velocity = residual_for(tensors, torch.float32, 49)
     want = reference_momentum_select(residual, velocity, tensors, False, 1000, 5400, 0.8, [0.4, 1.6], 1,
                                      torch.int32, True, True)
-    finite, idx, counts = kt.momentum_accumulate_select(residual, velocity, clones(tensors), 0.9, False, 1000,
-                                                        5400, 0.8, [0.4, 1.6], 1, torch.int32, True, True)
+    _, idx, counts, finite = kt.momentum_accumulate_select(residual, velocity, clones(tensors), 0.9, False,
+                                                           1000, 5400, 0.8, [0.4, 1.6], 1, torch.int32, True,
+                                                           True)
     assert finite and same_bits(residual, want[1]) and same_bits(velocity, want[2])
     assert torch.equal(idx, want[3]) and counts == want[4]
 
@@ -527,7 +527,7 @@ def test_accumulate_moments(kind, residual_dtype, check_finite, small_tiles):
     before = residual.clone()
     expected = REF.accumulate_moments(before.clone(), clones(tensors), True, check_finite)
     inputs = clones(tensors)
-    finite, moments = kt.accumulate_moments(residual, inputs, True, check_finite)
+    _, moments, finite = kt.accumulate_moments(residual, inputs, True, check_finite)
     assert finite is expected[2] is (not check_finite or kind != "nonfinite")
     assert same_bits(residual, expected[0]) and same_floats(moments, expected[1])
     for t, x in zip(tensors, inputs, strict=True):
@@ -542,7 +542,7 @@ def test_accumulate_norms(kind, residual_dtype, small_tiles):
     lengths = [*LENGTHS, residual.numel() - sum(LENGTHS)]
     expected = REF.accumulate_norms(residual.clone(), clones(tensors), lengths)
     inputs = clones(tensors)
-    norms = kt.accumulate_norms(residual, inputs, lengths)
+    _, norms = kt.accumulate_norms(residual, inputs, lengths)
     assert same_bits(residual, expected[0])
     np.testing.assert_array_equal(norms, expected[1])
     assert all(same_bits(x, t) for t, x in zip(tensors, inputs, strict=True))
