@@ -12,8 +12,12 @@ checkpoints -- so a method module says only what is specific to it:
 * ``accumulate_select`` (optional): accumulation and a threshold selection as one backend op,
   which a kernel runs in a single pass over the bucket (MiCRO, ExDyna, the hard threshold).
 * ``init_control`` / ``observe``: host-side control state (thresholds, partitions, k) and its
-  update from what the step exchanged. These are small pure computations on NumPy/Python data
-  that every rank performs identically, so ranks agree without extra messages.
+  update from what the step exchanged: small deterministic computations on NumPy/Python data
+  from inputs identical on every rank, so ranks agree without extra messages. The control state
+  is the bucket's own mutable object: ``observe`` may update it in place and returns it (the
+  engine keeps what it returns), and a method's selection may record in it what the selection
+  decided (Gaussian-k's threshold, MiCRO's probe counts, DEFT's norms taken while accumulating).
+  No control state is shared between buckets or read by another rank's code.
 * ``end_step`` (optional): once per training step, after every bucket has finished, a protocol
   that sees every bucket's control state and when each bucket became ready during the backward
   pass, for decisions that span buckets (LAGS's per-group density).
@@ -257,7 +261,9 @@ class Algorithm:
         return None
 
     def observe(self, control: Any, outcome: StepOutcome, ctx: StepContext) -> Any:
-        """Update the control state after a step; returns it."""
+        """The control state after a step: ``control`` updated in place (or a new object), returned;
+        the engine keeps what it returns. Deterministic from ``outcome`` and ``ctx``, which every
+        rank sees alike (module docstring)."""
         return control
 
     def end_step(self, end: StepEnd, ctx: StepContext) -> Protocol:
