@@ -68,6 +68,15 @@ class _Step:
     inflight: dict[str, Any] = field(default_factory=dict)
 
 
+def _refuse_eager_and_keras3() -> None:
+    """Refuse an eager call (the compressor builds graphs) and Horovod's Keras optimizer on Keras 3."""
+    if tf.executing_eagerly():
+        raise ConfigurationError(
+            "hvd_sparse TensorFlow compressors are built into a graph: use them through "
+            "hvd.DistributedGradientTape, the Keras DistributedOptimizer, or inside tf.function")
+    refuse_keras3_under_horovod_keras()
+
+
 def _root_graph() -> Any:
     """The outermost function graph being traced (cond branches are nested function graphs); in
     TF1-style graph mode, the graph itself."""
@@ -107,13 +116,10 @@ class SparseCompressor(FaceBase, Compressor):
         """Horovod's call per gradient, at trace time: refuse what cannot work, then build the tensor's step
         (scope "tensor") or stash the gradient; a one-element placeholder for Horovod's allreduce."""
         # Everything that cannot work is refused here, at trace time, on every rank: no
-        # collective of the step has run yet.
+        # collective of the step has run yet. The caller's op and optimizer are read here, in
+        # compress itself (calling_allreduce_op reads the stack from compress's caller).
         refuse_reduction_op(calling_allreduce_op(self), hvd)
-        if tf.executing_eagerly():
-            raise ConfigurationError(
-                "hvd_sparse TensorFlow compressors are built into a graph: use them through "
-                "hvd.DistributedGradientTape, the Keras DistributedOptimizer, or inside tf.function")
-        refuse_keras3_under_horovod_keras()
+        _refuse_eager_and_keras3()
         if not self._optimizer_seen:
             optimizer = calling_keras_optimizer()
             if optimizer is not None:
@@ -122,11 +128,16 @@ class SparseCompressor(FaceBase, Compressor):
         trace = self._trace()
         check_gradient_dtype(getattr(tensor, "name", f"g{len(trace.stash)}"), tensor.dtype.name)
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else tf.float32
-        placeholder = _placeholder(tensor, dtype)
-        if self.algorithm.scope == TENSOR:  # works whatever Horovod's grouping
+        return _placeholder(tensor, dtype), self._file(trace, tensor)
+
+    def _file(self, trace: _Trace, tensor: tf.Tensor) -> Any:
+        """What ``decompress`` receives for the gradient: in scope "tensor", its step's output (built
+        now, whatever Horovod's grouping); else its position in the trace's stash, whose buckets
+        the first ``decompress`` builds."""
+        if self.algorithm.scope == TENSOR:
             key = f"g{len(trace.stash)}"
             trace.stash.append(tensor)
-            return placeholder, self._phased_graph(key, [tensor])[0]
+            return self._phased_graph(key, [tensor])[0]
         if trace.outputs is not None:
             raise ConfigurationError(
                 f"{type(self.algorithm).__name__} with scope={self.algorithm.scope!r} needs every "
@@ -134,7 +145,7 @@ class SparseCompressor(FaceBase, Compressor):
                 "to the Keras hvd.DistributedOptimizer (or use "
                 "hvd_sparse.tensorflow.DistributedGradientTape, which does it for you)")
         trace.stash.append(tensor)
-        return placeholder, len(trace.stash) - 1
+        return len(trace.stash) - 1
 
     @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:

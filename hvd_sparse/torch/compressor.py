@@ -146,7 +146,14 @@ class SparseCompressor(FaceBase, Compressor):
         the rest of the backward pass. Returns the one-element placeholder Horovod allreduces (in
         the gradient's precision where Horovod can move it) and the gradient's key, which
         ``decompress`` receives back."""
-        self._refuse(tensor)
+        # Refuse what cannot work before anything else, so that every rank fails here and none has
+        # issued a collective of this step. Both reads of the caller happen here, in compress itself
+        # (calling_optimizer reads the stack from compress's caller; the warning points there).
+        optimizer, op = calling_optimizer(self)
+        refuse_reduction_op(op, hvd)
+        if optimizer is not None and not self._optimizer_seen:
+            self._check_optimizer(optimizer_momentum(optimizer))
+        self._refuse_dtype(tensor)
         first = self._step.outstanding == 0   # the first gradient of a new step
         if first:
             self._follow_world()
@@ -170,15 +177,8 @@ class SparseCompressor(FaceBase, Compressor):
         return self._running().results[bucket][position]
 
     # --- the parts of a step ----------------------------------------------------------------------
-    def _refuse(self, tensor: torch.Tensor) -> None:
-        """Refuse what cannot work before anything else, so that every rank fails here and none has
-        issued a collective of this step: a reduction other than Average, a gradient dtype the
-        engine cannot sparsify. Warns once about an optimizer's own momentum on top of the
-        momentum correction."""
-        optimizer, op = calling_optimizer(self)
-        refuse_reduction_op(op, hvd)
-        if optimizer is not None and not self._optimizer_seen:
-            self._check_optimizer(optimizer_momentum(optimizer))
+    def _refuse_dtype(self, tensor: torch.Tensor) -> None:
+        """Refuse a gradient dtype the engine cannot sparsify, naming the parameter."""
         if tensor.dtype not in _SPARSIFIABLE:
             check_gradient_dtype(self._describe(tensor), get_backend("torch").dtype_name(tensor))
 
