@@ -11,7 +11,8 @@ install:
 	@bash tools/install.sh
 
 demo: install
-	$(RUN) $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) $(PYTHON) examples/digits_torch.py
+	$(RUN) $(VENV)/bin/horovodrun --gloo -np $(NP) -H localhost:$(NP) $(PYTHON) examples/digits_torch.py \
+		--method exdyna --option threshold_scaling=tracking --compare-dense
 
 lint: install
 	$(VENV)/bin/ruff check hvd_sparse kernels tests examples tools scripts
