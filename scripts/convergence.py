@@ -557,7 +557,8 @@ def curve_points(groups: dict, task: str, curve: str) -> list[dict]:
         if "aggregate_density" not in runs[0]:
             continue
         points.append({"method": method, "rho": density, "density": density * METHODS[method].density_scale,
-                       "x": mean_of(runs, "aggregate_density"), "y": mean_of(runs, "final")})
+                       "x": mean_of(runs, "aggregate_density"), "y": mean_of(runs, "final"),
+                       "steps": runs[0]["steps"]})
     return sorted(points, key=lambda p: p["x"])
 
 
@@ -587,6 +588,8 @@ def judge_equal_density(groups: dict) -> list[dict]:
     interpolated at the same aggregate density."""
     targets = []
     rivals = {name: curve_points(groups, "lstm", name) for name in RIVALS}
+    if not any(rivals.values()):   # no DGC run (e.g. --long): nothing to compare with
+        return targets
     for name in CURVES:
         if name in RIVALS:
             continue
@@ -610,7 +613,8 @@ def judge_equal_density(groups: dict) -> list[dict]:
                     text += f"; {other} at the same aggregate density: {value:.3f}"
             targets.append({
                 "target": "ExDyna tracking with corrections beats DGC at equal aggregate density (LSTM, "
-                          "ρ=0.001, 2000 steps; DGC's curves interpolated in log aggregate density)",
+                          f"ρ=0.001, {point['steps']} steps; DGC's curves interpolated in log aggregate "
+                          "density)",
                 "method": name, "met": best is not None and point["y"] < best, "measured": text})
     return targets
 
@@ -770,7 +774,8 @@ def markdown(report: dict, targets: list[dict], figures: list[str]) -> str:
                   "`dgc-matched` is DGC at ρ/4, `@2x` twice ρ); each row is one run, the bold cell its "
                   "measured quality, the others every other curve interpolated at the same aggregate "
                   "density (linear in log aggregate density between the two runs around it; – outside "
-                  "the range a curve was measured over). Single seeds on the char-LSTM.", "", *table, ""]
+                  "the range a curve was measured over). Means over seeds: the table above gives their "
+                  "number (a spread where there are several).", "", *table, ""]
     lines += ["**Targets on these runs**", "", "| target | method | measured | met |", "|---|---|---|---|"]
     for t in targets:
         lines.append(f"| {t['target']} | {t.get('method', '')} | {t['measured']} | "

@@ -159,6 +159,9 @@ def test_equal_density_verdict_interpolates_the_best_dgc_curve():
     momentum_there = 4.0 + (3.1 - 4.0) * np.log(0.03 / 0.001) / np.log(0.04 / 0.001)
     assert f"+momentum at the same aggregate density: {momentum_there:.3f}" in corr["measured"]
     assert len(verdicts) == 2        # only the runs at ρ = 0.001 itself are judged
+    assert "ρ=0.001, 10 steps" in momentum["target"]
+    alone = convergence.group_runs({"runs": {"a": run("exdyna-tracking+corr", 0.001, 3.5, 0.03)}})
+    assert convergence.judge_equal_density(alone) == []     # no DGC run (--long): no verdict
     table = convergence.equal_density_table(groups, "lstm")
     row = next(line for line in table if "exdyna-tracking+corr@2x" in line)
     assert "**3.400**" in row and row.count("–") == 1   # DGC +corr out of range
