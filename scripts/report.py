@@ -142,8 +142,11 @@ CAUSES = {
         "releases a burst many times k or leaves several steps with almost nothing to send. The "
         "tracking controller's fixed step overshot on that into a limit cycle with the mean count "
         "well above k; its adaptive gain (`tracking_gain`, the default under the momentum "
-        "correction) halves the step at each overshoot. A run still outside the band is shown "
-        "step by step in the plot under section 4."),
+        "correction) halves the step at each overshoot. Without the momentum correction the "
+        "tracking controller keeps its fixed step, bit for bit; where such a run misses the band "
+        "(small k, error feedback's own bursts), `tracking_gain=\"adaptive\"` applies the same "
+        "damping, not measured in this matrix. The plot under section 4 shows the achieved density "
+        "step by step."),
     "exdyna step": (
         "**End to end.** The ratio is judged on its median; where the bootstrap interval of the "
         "median crosses the limit the verdict says so. Paper-mode ExDyna starts from "
