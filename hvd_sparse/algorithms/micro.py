@@ -383,12 +383,16 @@ class MiCRO(Algorithm):
         return out
 
     def control_state(self, control: ExclusiveControl) -> dict:
-        """Plain data (no hvd_sparse class), so that a checkpoint loads without this module."""
-        return {"format": CONTROL_FORMAT, "k": control.k, "threshold": control.threshold,
-                "bias": control.bias, "gain": control.gain, "error_prev": control.error_prev,
-                "bounds": None if control.bounds is None else control.bounds.tolist(),
-                "union_prev": control.union_prev,
-                "counts_prev": None if control.counts_prev is None else control.counts_prev.tolist()}
+        """Plain data (no hvd_sparse class), so that a checkpoint loads without this module. The
+        adaptive gain's state only where it is used (other checkpoints stay as they were)."""
+        state = {"format": CONTROL_FORMAT, "k": control.k, "threshold": control.threshold,
+                 "bias": control.bias,
+                 "bounds": None if control.bounds is None else control.bounds.tolist(),
+                 "union_prev": control.union_prev,
+                 "counts_prev": None if control.counts_prev is None else control.counts_prev.tolist()}
+        if self.adaptive_gain:
+            state.update(gain=control.gain, error_prev=control.error_prev)
+        return state
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> ExclusiveControl:
         check_control_state(state, type(self).__name__, self.control_keys)

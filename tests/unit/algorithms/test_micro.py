@@ -158,6 +158,14 @@ def test_tracking_gain_is_adaptive_under_the_momentum_correction_only_by_default
         MiCRO(0.01, tracking_gain="adaptive")
     with pytest.raises(ConfigurationError, match="tracking_gain"):
         MiCRO(0.01, threshold_scaling="tracking", tracking_gain="slow")
+    # The gain's state is in the checkpoint only where it is used: others stay as they were.
+    for momentum, kept in ((0.9, True), (0.0, False)):
+        algorithm = MiCRO(0.1, threshold_scaling="tracking", momentum=momentum)
+        group = [Engine(algorithm, NP, r, 2) for r in range(2)]
+        grads = np.linspace(-1.0, 1.0, 100, dtype=np.float32)
+        LocalGroup(2).run([e.step("model", [grads.copy()]) for e in group])
+        control = group[0].state_dict()["buckets"]["model"]["control"]
+        assert ("gain" in control and "error_prev" in control) == kept
 
 
 def bursty_run(tracking_gain: str, steps: int = 1200) -> np.ndarray:
