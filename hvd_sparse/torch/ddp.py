@@ -325,12 +325,15 @@ class SparseHookState(FaceBase):
 
     # The worker may be inside a step: what reads or changes the engine waits for it.
     def stats(self) -> dict:
+        """The last step's statistics (FaceBase.stats), read once the worker has finished it."""
         return self._worker.call(super().stats)
 
     def state_dict(self) -> dict:
+        """This rank's checkpoint (FaceBase.state_dict), taken between steps on the worker."""
         return self._worker.call(super().state_dict)
 
     def load_state_dict(self, state: dict) -> None:
+        """Restore a checkpoint (FaceBase.load_state_dict) on the worker, between steps."""
         self._worker.call(partial(FaceBase.load_state_dict, self, state))
 
     def communication_timeline(self) -> dict[str, tuple[float, float]]:
