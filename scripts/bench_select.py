@@ -382,14 +382,26 @@ def cell(figures: dict, digits: int, selection: bool = False) -> str:
 
 
 def write_report(result: dict, out_dir: Path) -> None:
+    """Judge the targets, then write select.json, select.md (the tables) and select.png."""
     result["targets"] = judge(result)
     (out_dir / "select.json").write_text(json.dumps(result, indent=1))
+    rows = [r for r in result["sizes"] if r["world_size"] == result["world_size"]]
+    modes = result.get("kernels", ["off"])   # runs from before the kernels: the reference ops
+    lines = size_table(result, rows, modes)
+    if result["world_sizes"]:
+        lines += sweep_table(result["world_sizes"], modes)
+    if result.get("memory_copies_per_rank") is not None:
+        lines.append(memory_line(result, modes))
+    (out_dir / "select.md").write_text("\n".join(lines) + "\n")
+    plot_report(result, rows, modes, out_dir / "select.png")
+
+
+def size_table(result: dict, rows: list[dict], modes: list[str]) -> list[str]:
+    """The report's head and its table over sizes at the benchmark's N."""
     lines = [f"Per-rank step cost (ms) and its ratio to the floor `a = g + e` on the same bytes (the "
              f"median over steps of the step over the floor timed just before it); "
              f"density {result['density']}, device {result['device']}, one thread per rank; "
              f"median of {result['repeats']} steps after {WARMUP} warm-up steps.", ""]
-    size = result["world_size"]
-    rows = [r for r in result["sizes"] if r["world_size"] == size]
     lines.append("| method | " + " | ".join(f"n = {r['n']:,}" for r in rows) + " |")
     lines.append("|---|" + "---|" * len(rows))
     lines.append("| floor | " + " | ".join(f"{r['floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
@@ -402,7 +414,6 @@ def write_report(result: dict, out_dir: Path) -> None:
                      "beside the other before every step.")
         lines.append("| momentum floor | " + " | ".join(f"{r['momentum_floor_seconds'] * 1e3:.2f}"
                                                       for r in rows) + " |")
-    modes = result.get("kernels", ["off"])   # runs from before the kernels: the reference ops
     for method in result["methods"]:
         for mode in modes:
             cells = [cell(kernel_figures(r["methods"].get(method, {}), mode), 1) for r in rows]
@@ -410,40 +421,49 @@ def write_report(result: dict, out_dir: Path) -> None:
         if any(method in r.get("tensorflow", {}) for r in rows):
             cells = [cell(r.get("tensorflow", {}).get(method, {}), 1) for r in rows]
             lines.append(f"| {method}, TensorFlow | " + " | ".join(cells) + " |")
-    lines += ["", f"At N = {size}; in parentheses: x floor" + ("; x momentum floor" if momentum else "")
+    lines += ["", f"At N = {result['world_size']}; in parentheses: x floor"
+              + ("; x momentum floor" if momentum else "")
               + ". Kernels on: hvd_sparse.set_kernels(\"auto\") "
               "(the fused CPU kernels, docs/kernels.md); off: the reference torch ops. TensorFlow: the "
               "TF backend's own ops (it has no kernels), same gradients and floor.", ""]
-    sweep = result["world_sizes"]
-    if sweep:
-        lines.append(f"Versus world size at n = {sweep[0]['n']:,}: per-rank step ms (x floor) / of "
-                     "which selection ms. The step keeps O(n) parts every method has (error feedback, "
-                     "the finite check, writing the dense average); the selection is what scans "
-                     "n/N entries in the exclusive methods. The selection figure is rank 0's wall "
-                     "time around select(): it includes any collective a selection waits on (DEFT's "
-                     "layer norms), and in this one-process group other ranks' turns, so across "
-                     "methods compare the step:")
-        lines.append("")
-        lines.append("| method | " + " | ".join(f"N = {r['world_size']}" for r in sweep) + " |")
-        lines.append("|---|" + "---|" * len(sweep))
-        for method in sweep[0]["methods"]:
-            for mode in modes:
-                lines.append(f"| {method}, kernels {mode} | " + " | ".join(
-                    cell(kernel_figures(r["methods"].get(method, {}), mode), 2, selection=True)
-                    for r in sweep) + " |")
-        lines += ["", "ExDyna, MiCRO and the hard threshold accumulate and select in one backend op (one "
-                  "pass with the kernels), Gaussian-k accumulates with its moments and then selects: "
-                  "their selection figure is that whole step, finite check and accumulation included.",
-                  ""]
-    if result.get("memory_copies_per_rank") is not None:
-        by_mode = result.get("memory_copies_by_kernels") or {modes[0]: result["memory_copies_per_rank"]}
-        held = "residual and selection temporaries" + (", and the velocity u" if momentum else "")
-        lines.append(f"ExDyna's memory overhead, fp32 copies of the model per rank ({held}): "
-                     + ", ".join(f"kernels {mode} {copies:.2f}" for mode, copies in by_mode.items()) + ".")
-    (out_dir / "select.md").write_text("\n".join(lines) + "\n")
+    return lines
+
+
+def sweep_table(sweep: list[dict], modes: list[str]) -> list[str]:
+    """The table over world sizes at the largest size."""
+    lines = [f"Versus world size at n = {sweep[0]['n']:,}: per-rank step ms (x floor) / of "
+             "which selection ms. The step keeps O(n) parts every method has (error feedback, "
+             "the finite check, writing the dense average); the selection is what scans "
+             "n/N entries in the exclusive methods. The selection figure is rank 0's wall "
+             "time around select(): it includes any collective a selection waits on (DEFT's "
+             "layer norms), and in this one-process group other ranks' turns, so across "
+             "methods compare the step:", ""]
+    lines.append("| method | " + " | ".join(f"N = {r['world_size']}" for r in sweep) + " |")
+    lines.append("|---|" + "---|" * len(sweep))
+    for method in sweep[0]["methods"]:
+        for mode in modes:
+            lines.append(f"| {method}, kernels {mode} | " + " | ".join(
+                cell(kernel_figures(r["methods"].get(method, {}), mode), 2, selection=True)
+                for r in sweep) + " |")
+    return [*lines, "", "ExDyna, MiCRO and the hard threshold accumulate and select in one backend op "
+            "(one pass with the kernels), Gaussian-k accumulates with its moments and then selects: "
+            "their selection figure is that whole step, finite check and accumulation included.", ""]
+
+
+def memory_line(result: dict, modes: list[str]) -> str:
+    """ExDyna's memory overhead, per kernel mode."""
+    by_mode = result.get("memory_copies_by_kernels") or {modes[0]: result["memory_copies_per_rank"]}
+    held = "residual and selection temporaries" + (", and the velocity u" if result.get("momentum") else "")
+    return (f"ExDyna's memory overhead, fp32 copies of the model per rank ({held}): "
+            + ", ".join(f"kernels {mode} {copies:.2f}" for mode, copies in by_mode.items()) + ".")
+
+
+def plot_report(result: dict, rows: list[dict], modes: list[str], path: Path) -> None:
+    """The step over its floor against n and, with a sweep, the step against N."""
     plt = pyplot()
     if plt is None:
         return
+    sweep, momentum = result["world_sizes"], result.get("momentum")
     figure, axes = plt.subplots(1, 2 if sweep else 1, figsize=(12 if sweep else 6, 4.5), squeeze=False)
     ax = axes[0][0]
     for method in result["methods"]:
@@ -455,7 +475,7 @@ def write_report(result: dict, out_dir: Path) -> None:
                 ax.loglog(*zip(*points, strict=True), style, marker="o", label=f"{method} ({mode})")
     ax.set_xlabel("elements n")
     ax.set_ylabel("per-rank step / " + ("momentum floor" if momentum else "floor"))
-    ax.set_title(f"N = {size}")
+    ax.set_title(f"N = {result['world_size']}")
     ax.legend(fontsize=7)
     if sweep:
         ax = axes[0][1]
@@ -466,7 +486,7 @@ def write_report(result: dict, out_dir: Path) -> None:
         ax.set_ylabel("per-rank step (ms)")
         ax.set_title(f"n = {sweep[0]['n']:,}")
         ax.legend(fontsize=7)
-    save(figure, out_dir / "select.png")
+    save(figure, path)
 
 
 def tensorflow_single_threaded() -> bool:
