@@ -43,9 +43,23 @@ def test_unknown_configurations_are_refused_naming_the_choices(capsys):
 @pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_a_small_job_measures_every_kind_of_hook(tmp_path):
-    bench_ddp.main(["--model", "cnn", "--configs", "dense,fp16,exdyna,local", "--repeats", "1",
+    bench_ddp.main(["--model", "cnn", "--configs", "dense,fp16,powersgd-1,exdyna,local", "--repeats", "1",
                     "--steps", "1", "--warmup", "2", "--batch", "2", "--out-dir", str(tmp_path)])
     job = json.loads((tmp_path / "ddp.json").read_text())
-    assert set(job["summary"]) == {"dense", "fp16", "exdyna", "local"}
+    assert set(job["summary"]) == {"dense", "fp16", "powersgd-1", "exdyna", "local"}
     assert job["summary"]["exdyna"]["density_actual"] > 0 and job["summary"]["dense"]["ratio"] == 1.0
-    assert (tmp_path / "ddp.md").read_text().startswith("# DDP step time, cnn, 2 ranks")
+    assert (tmp_path / "ddp.md").read_text().startswith("### DDP step time, cnn, 2 ranks on loopback")
+
+
+def test_the_targets_are_judged_where_the_run_measured_them():
+    row = {"step_ms": 100.0, "ratio": 0.3, "ratio_ci95": [0.25, 0.4]}
+    job = {"net": "1gbit", "summary": {"exdyna": row, "deft": {"step_ms": 130.0},
+                                       "powersgd-4": {"step_ms": 90.0}},
+           "horovod": {"exdyna": 0.095, "deft": 0.100}}
+    verdicts = {t["target"]: t["met"] for t in bench_ddp.targets(job)}
+    assert verdicts == {"ExDyna step <= 0.35x no hook (1 Gbit/s)": True,
+                        "ExDyna faster than PowerSGD rank 4": False,
+                        "exdyna: DDP step within 10% of the Horovod face": True,
+                        "deft: DDP step within 10% of the Horovod face": False}
+    loopback = bench_ddp.targets({**job, "net": "loopback", "horovod": {}})
+    assert [t["target"] for t in loopback] == ["ExDyna faster than PowerSGD rank 4"]
