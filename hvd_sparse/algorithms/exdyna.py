@@ -226,6 +226,8 @@ class ExDyna(MiCRO):
 
     @property
     def select_collectives(self) -> bool:
+        """True in neighbour mode, whose rebalancer exchanges counts with the adjacent ranks during
+        selection."""
         return self.rebalance == "neighbour"   # the exchange in ``rebalance_partitions``
 
     # --- partitions ---------------------------------------------------------------------------------
@@ -251,9 +253,12 @@ class ExDyna(MiCRO):
             control.bounds = block_bounds(blocks, block, ctx.numel)
 
     def control_state(self, control: ExclusiveControl) -> dict:
+        """MiCRO's control state with the block layout (fine blocks grouped into partitions)."""
         return {**super().control_state(control), "layout": control.layout.to_state()}
 
     def agreed_control(self, state: dict) -> dict:
+        """What every rank agrees on of a rank's control state (elastic adoption); in neighbour mode a
+        rank knows only its own partition."""
         if self.rebalance != "neighbour":
             return state
         # A rank knows only its own partition: another rank's is no use to the process adopting
@@ -262,6 +267,7 @@ class ExDyna(MiCRO):
         return {**state, "layout": layout.to_state()}
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> ExclusiveControl:
+        """MiCRO's restore with the block layout; at another world size, the blocks regrouped evenly."""
         control = super().load_control(state, ctx, saved_size)
         if saved_size == ctx.size:
             control.layout = BlockLayout.from_state(state["layout"])
@@ -271,6 +277,7 @@ class ExDyna(MiCRO):
         return control
 
     def own_range(self, control: ExclusiveControl, ctx: StepContext) -> tuple[int, int]:
+        """This rank's partition, from the block layout (neighbour mode keeps only its own)."""
         if control.bounds is not None:
             return super().own_range(control, ctx)
         (first, blocks), block = control.layout.own, control.layout.block
@@ -302,6 +309,7 @@ class ExDyna(MiCRO):
         control.bounds = block_bounds(layout.blocks, layout.block, ctx.numel)
 
     def record_counts(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext) -> None:
+        """Per-partition loads for the rebalancer (neighbour mode: this rank's own count only)."""
         layout = control.layout
         if control.bounds is None:  # neighbour mode: only the own count is known here
             layout.own_count = int(outcome.selected)

@@ -160,6 +160,7 @@ def owned_partition(rank: int, step: int, size: int) -> int:
 
 
 def owner_of(partition: int, step: int, size: int) -> int:
+    """The rank that owns ``partition`` at ``step``: the inverse of ``owned_partition``."""
     return (partition - step) % size
 
 
@@ -264,11 +265,13 @@ class MiCRO(Algorithm):
         return finished(None)
 
     def own_range(self, control: ExclusiveControl, ctx: StepContext) -> tuple[int, int]:
+        """This rank's partition this step, [start, stop) of the model vector; it rotates every step."""
         p = owned_partition(ctx.rank, ctx.step, ctx.size)
         return int(control.bounds[p]), int(control.bounds[p + 1])
 
     # --- the step ---------------------------------------------------------------------------------
     def init_control(self, ctx: StepContext) -> ExclusiveControl:
+        """Even partitions and the paper's starting threshold, 1/(2 sqrt(k))."""
         refuse_fewer_entries_than_ranks(type(self).__name__, ctx.numel, ctx.size)
         k = self.k(ctx.numel, self.step_density(ctx))
         control = ExclusiveControl(k=k, threshold=initial_threshold(k), bounds=None)
@@ -299,6 +302,8 @@ class MiCRO(Algorithm):
         return self.threshold_start == "local" and control.union_prev is None
 
     def select_local(self, acc: Any, control: ExclusiveControl, ctx: StepContext) -> Any:
+        """Indices of this rank's partition at or above the threshold (on the first step with
+        threshold_start="local": its share of k by magnitude)."""
         if self.starting(control):
             return self._select_start(acc, control, ctx)
         probes, every = self.probes(control, ctx)
@@ -317,6 +322,8 @@ class MiCRO(Algorithm):
 
     def accumulate_select(self, residual: Any, tensors: list, control: ExclusiveControl, ctx: StepContext,
                           clear_inputs: bool, check_finite: bool) -> Selected | None:
+        """Accumulate and select the own partition in one pass (the fused op); None on the first step of
+        threshold_start="local", which selects after accumulating."""
         if self.starting(control):
             return None   # accumulate, then select_local (two reads, on this step only)
         probes, every = self.probes(control, ctx)
@@ -338,6 +345,8 @@ class MiCRO(Algorithm):
         return ctx.backend.arange(index, index + 1)
 
     def piggyback(self, control: ExclusiveControl, ctx: StepContext) -> Any:
+        """What the step's count allgather carries besides the counts: the ranks' starting thresholds on
+        the first step, the tracking probes later."""
         if self.starting(control):   # (ln λ_r, 1), or (0, 0) from a rank without a threshold
             own = control.used_threshold
             start = [math.log(own), 1.0] if 0 < own < math.inf else [0.0, 0.0]
@@ -352,6 +361,8 @@ class MiCRO(Algorithm):
         control.counts_prev = ctx.backend.count_in_ranges(outcome.gathered_indices, control.bounds)
 
     def observe(self, control: ExclusiveControl, outcome: StepOutcome, ctx: StepContext) -> Any:
+        """Scale the threshold from the global count (the paper's rule or tracking) and record the
+        partitions' loads, the same on every rank."""
         union = int(outcome.union_size)
         self.record_counts(control, outcome, ctx)
         control.last_step = ctx.step
@@ -373,6 +384,7 @@ class MiCRO(Algorithm):
 
     # --- statistics and checkpoints ---------------------------------------------------------------
     def control_stats(self, control: ExclusiveControl) -> dict:
+        """Threshold, partition bounds and rebalancer moves, for ``stats()``."""
         out = {"threshold": control.used_threshold, "next_threshold": control.threshold,
                "rebalance_moves": control.moves,
                "partition": None if control.bounds is None else control.bounds.tolist(),
@@ -395,6 +407,8 @@ class MiCRO(Algorithm):
         return state
 
     def load_control(self, state: dict, ctx: StepContext, saved_size: int) -> ExclusiveControl:
+        """Restore threshold and partitions; at another world size, even partitions and the saved
+        threshold."""
         check_control_state(state, type(self).__name__, self.control_keys)
         control = self.init_control(ctx)
         control.threshold = float(state["threshold"])
