@@ -90,6 +90,32 @@ def plot(report: dict, path: str) -> bool:
     return True
 
 
+def train_step(model, named: list, shards: list, orders: list, step: int, batch_size: int,
+               lags: tuple) -> list[float]:
+    """One step of every simulated worker: its gradients, LAGS's exchange per group (the monitor
+    measuring each worker's accumulated layers first), the average left in ``p.grad``; returns the
+    workers' losses."""
+    plan, engines, group, monitor = lags
+    grads, losses = [], []
+    for (xs, ys), order in zip(shards, orders, strict=True):
+        batch = order[step * batch_size:(step + 1) * batch_size]
+        model.zero_grad()
+        loss = F.cross_entropy(model(xs[batch]), ys[batch])
+        loss.backward()
+        losses.append(loss.item())
+        grads.append({n: p.grad.detach().clone() for n, p in named})
+    averaged = {}
+    for name, members in plan:
+        for rank, engine in enumerate(engines):
+            monitor.add(accumulated_layers(engine, name, members, grads[rank]))
+        outputs = group.run([engine.step(name, [grads[rank][m] for m in members])
+                             for rank, engine in enumerate(engines)])
+        averaged.update(zip(members, outputs[0], strict=True))
+    for n, p in named:
+        p.grad = averaged[n]
+    return losses
+
+
 def main() -> None:
     args = parse_args()
     torch.manual_seed(args.seed)
@@ -123,23 +149,8 @@ def main() -> None:
         orders = [torch.randperm(len(s[0]), generator=generator) for s in shards]
         losses = []
         for step in range(steps):
-            grads = []
-            for (xs, ys), order in zip(shards, orders, strict=True):
-                batch = order[step * args.batch_size:(step + 1) * args.batch_size]
-                model.zero_grad()
-                loss = F.cross_entropy(model(xs[batch]), ys[batch])
-                loss.backward()
-                losses.append(loss.item())
-                grads.append({n: p.grad.detach().clone() for n, p in named})
-            averaged = {}
-            for name, members in plan:
-                for rank, engine in enumerate(engines):
-                    monitor.add(accumulated_layers(engine, name, members, grads[rank]))
-                outputs = group.run([engine.step(name, [grads[rank][m] for m in members])
-                                     for rank, engine in enumerate(engines)])
-                averaged.update(zip(members, outputs[0], strict=True))
-            for n, p in named:
-                p.grad = averaged[n]
+            losses += train_step(model, named, shards, orders, step, args.batch_size,
+                                 (plan, engines, group, monitor))
             optimizer.step()
         measured = monitor.delta()
         deltas = {n: measured[n] for n, _ in named}  # parameter order
