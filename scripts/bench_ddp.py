@@ -141,6 +141,7 @@ def worker(args) -> None:
                 print(f"repeat {repeat} {config}: {took:.1f} ms/step", flush=True)
     if rank == 0:
         Path(args.records).write_text(json.dumps(records))
+    dist.barrier()   # Gloo's threads let go of the last tensors before Python shuts down (docs/ddp.md)
     dist.destroy_process_group()
 
 
