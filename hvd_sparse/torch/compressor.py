@@ -108,12 +108,12 @@ class SparseCompressor(FaceBase, Compressor):
             matched to parameters by identity and collectives are named after the parameter;
             without it they are named by their order within the step, which relies on every rank
             running the backward hooks in the same order. With it, the first gradient hook also
-            checks that every rank has the same model (README, "Ranks that disagree").
+            checks that every rank has the same model (docs/usage.md#ranks-that-disagree).
         process_set: the Horovod process set the optimizer reduces over (default: global).
         prefix: prefix of every collective's name; give two compressors in one job distinct ones.
         nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
             the residual, warn), "raise" (every rank raises FloatingPointError; the step is
-            applied nowhere and training can go on, README "Non-finite gradients") or "ignore".
+            applied nowhere and training can go on, docs/usage.md#non-finite-gradients) or "ignore".
     """
 
     framework = "torch"
@@ -233,7 +233,7 @@ class SparseCompressor(FaceBase, Compressor):
         except Exception:
             # Raised on every rank alike (a non-finite gradient with nonfinite="raise"): the
             # buckets that finished take their step back, so it is applied nowhere, and the
-            # next compress begins a new step (README, "Non-finite gradients").
+            # next compress begins a new step (docs/usage.md#non-finite-gradients).
             engine.take_back(list(protocols.results))
             step.outstanding = 0
             raise
