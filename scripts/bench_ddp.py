@@ -120,6 +120,7 @@ def run_block(config: str, args, rank: int) -> dict:
     if state is not None and hasattr(state, "stats"):
         stats = state.stats()
         record.update({key: stats[key] for key in ("density_actual", "bytes_sent", "comm_wait_seconds")})
+        state.close()   # every rank, after the same block: the state's thread and group go
     return record
 
 

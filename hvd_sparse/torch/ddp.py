@@ -108,10 +108,11 @@ class SparseHookState(FaceBase):
             raise ConfigurationError(f"timeout must be a datetime.timedelta, got {timeout!r}")
         self._comm = TorchDistributedComm(_own_group(process_group, timeout))
         self._worker = SerialWorker(f"hvd_sparse.ddp.{algorithm.name}")
-        # A state dropped without close() still ends its thread and its process group.
-        self._release = weakref.finalize(self, _release, self._worker, self._comm.group,
-                                         self._comm.size == dist.get_world_size())
-        self._release.atexit = False   # at exit torch.distributed tears its groups down itself
+        # A state dropped without close() still ends its thread (local, safe at any moment). Its
+        # group is only destroyed by close(): garbage collection runs at another moment on every
+        # rank, and tearing a group down may be collective (NCCL).
+        self._release = weakref.finalize(self, self._worker.close)
+        self._release.atexit = False
         self._named: dict[int, tuple[int, str]] = {}   # id(param) -> (position, name)
         self._kept_params: list[torch.Tensor] = []     # keeps those ids meaningful
         for position, (name, param) in enumerate(named_parameters or ()):
@@ -343,11 +344,16 @@ class SparseHookState(FaceBase):
 
     def close(self) -> None:
         """Let go of what the state holds beyond its engine: its worker thread (after the steps
-        in flight) and its process group. Call it on every rank, like any group teardown, before
-        building a state for another model in the same process (a state dropped without it is
-        closed when it is garbage-collected); the state serves no further step."""
+        in flight) and its process group. Call it on every rank at the same point, like any group
+        teardown; the state serves no further step. A state dropped without it ends its thread
+        when it is garbage-collected, and its group stays until torch.distributed is torn down."""
         self._worker.call(lambda: None)
         self._release()
+        if self._comm.size == dist.get_world_size() and dist.is_initialized():
+            # A group over only some of the ranks is named after them: another state's would take
+            # its name (``_own_group``), so such a group is kept.
+            with contextlib.suppress(ValueError, RuntimeError):   # already torn down with the others
+                dist.destroy_process_group(self._comm.group)
 
     def __repr__(self) -> str:
         return f"hvd_sparse.torch.ddp.{self.algorithm!r}"
@@ -385,15 +391,6 @@ def _for_ddp(error: Exception) -> Exception:
     return error
 
 
-def _release(worker: SerialWorker, group: Any, destroy: bool) -> None:
-    """Close a state's worker and destroy its process group if it spans every rank (local for
-    Gloo and NCCL; ``_own_group`` says why not otherwise)."""
-    worker.close()
-    if destroy and dist.is_initialized():
-        with contextlib.suppress(ValueError, RuntimeError):   # already torn down with the others
-            dist.destroy_process_group(group)
-
-
 def _own_group(process_group: Any, timeout: timedelta | None) -> Any:
     """A new group over ``process_group``'s ranks, with its backend, for the state alone."""
     if not (dist.is_available() and dist.is_initialized()):
@@ -406,7 +403,7 @@ def _own_group(process_group: Any, timeout: timedelta | None) -> Any:
     # Over every rank, every rank builds the state: a group numbered like any other, so that a
     # later state's group never meets a closed one's leftovers in the store. Over some of the
     # ranks, only they build it: torch names such a group after its ranks (local synchronization).
-    # Such a group is therefore never destroyed (``_release``): another built over the same ranks
+    # Such a group is therefore never destroyed (``close``): another built over the same ranks
     # later would take its name.
     return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout,
                           use_local_synchronization=len(ranks) < dist.get_world_size())
