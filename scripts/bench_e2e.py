@@ -167,8 +167,8 @@ def launch_horovodrun(size: int, worker_args: list[str], logdir: Path, timeout: 
 
 
 def launch_gloo(size: int, worker_args: list[str], logdir: Path, timeout: float,
-                namespaces: bool) -> None:
-    """Start the ranks as ``horovodrun --gloo`` would, one host name per rank; with
+                namespaces: bool, worker: Path = WORKER) -> None:
+    """Start the ranks of ``worker`` as ``horovodrun --gloo`` would, one host name per rank; with
     ``namespaces`` each rank inside its own network namespace (scripts/netns.sh)."""
     from horovod.runner.common.util.hosts import get_host_assignments, parse_hosts
     from horovod.runner.gloo_run import create_run_env_vars, create_slot_env_vars
@@ -185,7 +185,7 @@ def launch_gloo(size: int, worker_args: list[str], logdir: Path, timeout: float,
         commands = []
         for slot in plan:
             env = job_env({**common, **{k: str(v) for k, v in create_slot_env_vars(slot).items()}})
-            cmd = [sys.executable, str(WORKER), *worker_args]
+            cmd = [sys.executable, str(worker), *worker_args]
             if namespaces:
                 cmd = ["ip", "netns", "exec", names[slot.rank], *cmd]
             commands.append((cmd, env))
