@@ -92,7 +92,8 @@ def run_block(config: str, args, rank: int) -> dict:
     import torch
     from torch.nn.parallel import DistributedDataParallel
 
-    model, shape = build_model(args.model)
+    spec = build_model(args.model)
+    model = spec.model
     trained = model
     state = None
     if config != "local":
@@ -108,11 +109,10 @@ def run_block(config: str, args, rank: int) -> dict:
     generator = torch.Generator().manual_seed(rank)
     times = []
     for step in range(args.warmup + args.steps):
-        x = torch.randn(args.batch, *shape, generator=generator)
-        y = torch.randint(0, 10, (args.batch,), generator=generator)
+        x, y = spec.make_batch(args.batch, generator)
         started = time.perf_counter()
         optimizer.zero_grad()
-        torch.nn.functional.cross_entropy(trained(x), y).backward()
+        spec.loss(trained(x), y).backward()
         optimizer.step()
         if step >= args.warmup:
             times.append(time.perf_counter() - started)

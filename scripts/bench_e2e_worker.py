@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from convergence import RECIPE
+from e2e_models import MODELS, build
 
 # name -> (registry method or a Horovod compression, options). "local" trains without any
 # communication: the computation's own cost, measured under the same CPU contention.
@@ -80,36 +81,10 @@ def known(config: str) -> bool:
 STAT_KEYS = ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
              "comm_wait_seconds", "comm_inflight_seconds")
 
-MODELS = ("mlp25m", "mlp7m", "cnn")
-
-
-def build_model(name: str):
-    """The benchmark models, built from seed 0 on every rank (identical weights, no broadcast).
-
-    mlp25m: 1024 -> 2048 (x6 hidden) -> 1024 -> 10, 25.2M parameters in 8 weight tensors, little
-    arithmetic per parameter: at a small batch, exchanging its gradient dominates a step on a
-    slow network. mlp7m: the same shape at 1024 wide (7.4M). cnn: 5 convolutions on 3x32x32 images
-    with a small head, 0.6M parameters and much arithmetic per parameter (compute-bound).
-    """
-    import torch
-
-    torch.manual_seed(0)
-    nn = torch.nn
-    if name in ("mlp25m", "mlp7m"):
-        width = 2048 if name == "mlp25m" else 1024
-        layers: list = [nn.Linear(1024, width), nn.ReLU()]
-        for _ in range(5):
-            layers += [nn.Linear(width, width), nn.ReLU()]
-        layers += [nn.Linear(width, 1024), nn.ReLU(), nn.Linear(1024, 10)]
-        return nn.Sequential(*layers), (1024,)
-    if name == "cnn":
-        def block(cin, cout):
-            return [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU()]
-        layers = [*block(3, 32), *block(32, 64), nn.MaxPool2d(2), *block(64, 128), *block(128, 128),
-                  nn.MaxPool2d(2), *block(128, 256), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
-                  nn.Linear(256, 10)]
-        return nn.Sequential(*layers), (3, 32, 32)
-    raise ValueError(f"unknown model {name!r}; choose from {MODELS}")
+def build_model(name: str, image_size: int | None = None, with_model: bool = True):
+    """The model ``name`` of scripts/e2e_models.py in PyTorch, from seed 0 on every rank (identical
+    weights, no broadcast): its ``ModelSpec`` (module, batches, loss, throughput unit)."""
+    return build(name, "torch", image_size=image_size, with_model=with_model)
 
 
 def block_order(configs: list[str], repeat: int) -> list[str]:
@@ -126,6 +101,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", choices=MODELS, default="mlp25m")
     parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
+    parser.add_argument("--image-size", type=int, default=None,
+                        help="side of the images of the ResNets and cnn (default: the model's, "
+                             "224 and 32); smaller is cheaper, the parameters are the same")
     parser.add_argument("--configs", default=",".join(CONFIGS))
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=3)
@@ -211,9 +189,12 @@ def run_interleaved(job: Job, configs: list[str]) -> list[dict]:
 def write_result(args: argparse.Namespace, merged: list[dict], size: int, configs: list[str],
                  probe: dict, torch_version: str) -> None:
     """Rank 0's JSON: the job's settings, the bandwidth probe and the merged records."""
+    spec = build_model(args.model, args.image_size, with_model=False)
     out = {
         "model": args.model, "numel": merged[0]["numel"] if merged else None,
-        "batch_per_rank": args.batch, "size": size, "density": args.density,
+        "input_shape": list(spec.input_shape), "unit": spec.unit,
+        "items_per_sample": spec.items_per_sample, "batch_per_rank": args.batch, "size": size,
+        "density": args.density,
         "schedule": args.schedule, "repeats": args.repeats, "warmup": args.warmup,
         "sparse_warmup": args.sparse_warmup, "steps": args.steps, "stat_steps": args.stat_steps,
         "configs": configs, "probe": probe, "records": merged,
@@ -245,10 +226,9 @@ def main() -> None:
 
     probe = bandwidth_probe(hvd, torch, args.probe_mb, size)
 
-    generator = torch.Generator().manual_seed(1000 + rank)
-    _, shape = build_model(args.model)
-    batches = [(torch.randn(args.batch, *shape, generator=generator),
-                torch.randint(0, 10, (args.batch,), generator=generator)) for _ in range(4)]
+    spec = build_model(args.model, args.image_size, with_model=False)
+    generator = spec.generator(1000 + rank)
+    batches = [spec.make_batch(args.batch, generator) for _ in range(4)]
     job = Job(args, hvd, torch, hvd_sparse, rank, batches)
     records = run_blocks(job, configs) if args.schedule == "blocks" else run_interleaved(job, configs)
 
@@ -266,7 +246,8 @@ class Trainer:
         method, options, self.kernels = resolve(config)
         self.config, self.method, self.options = config, method, options
         self.hvd_sparse = hvd_sparse
-        self.model, _ = build_model(args.model)
+        spec = build_model(args.model, args.image_size)
+        self.model = spec.model
         named = list(self.model.named_parameters())
         self.numel = sum(p.numel() for _, p in named)
         optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
@@ -283,7 +264,7 @@ class Trainer:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
                                                  compression=self.compressor)
         self.optimizer = optimizer
-        self._loss = torch.nn.functional.cross_entropy
+        self._loss = spec.loss
 
     def warmup_steps(self, args) -> int:
         """Sparsifiers get more: their thresholds settle (the first step also plans buckets)."""
