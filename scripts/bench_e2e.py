@@ -11,6 +11,10 @@ compression and every hvd_sparse method, on loopback and on emulated networks.
         --configs dense,exdyna-tracking,exdyna-tracking@ref,topk,topk@ref,deft,deft@ref,lags,lags@ref \
         --out bench/e2e-kernels             # the kernels' targets: "X@ref" is X with the kernels off
                                             # the compute-bound target with many paired steps
+    python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 112 \
+        --configs dense,fp16,local,exdyna-tracking,topk --out bench/e2e-resnet18
+                                            # a standard architecture (scripts/e2e_models.py:
+                                            # resnet18, resnet50, gpt); img/s or tokens/s per rank
     python scripts/bench_e2e.py --resummarize bench/e2e.json   # tables again, no measuring
 
 Each job is one Horovod run of scripts/bench_e2e_worker.py over N ranks, training every
@@ -70,9 +74,16 @@ SPARSIFIERS = [c for c in CONFIGS if c not in ("dense", "fp16", "local")]
 # one configuration is alive at a time (13 copies of its residuals would not fit 4 ranks here).
 # cnn is the compute-bound one (0.54M parameters): every configuration stays alive and they take
 # turns step by step, which keeps small differences measurable on a busy machine.
+# The standard architectures (scripts/e2e_models.py): resnet18 (11.7M) interleaved like cnn (the
+# loopback overhead target is a small difference); resnet50 (25.6M) and gpt (27.4M, 128 tokens per
+# sample) one at a time. On one thread here a step of resnet18 at batch 16 takes ~3 s at 224x224,
+# ~0.8 s at --image-size 112 and ~0.3 s at 64; gpt at batch 4 ~2.3 s.
 WORKLOADS = {"mlp25m": {"batch": 8, "schedule": "blocks"},
              "mlp7m": {"batch": 8, "schedule": "blocks"},
-             "cnn": {"batch": 32, "schedule": "interleaved"}}
+             "cnn": {"batch": 32, "schedule": "interleaved"},
+             "resnet18": {"batch": 16, "schedule": "interleaved"},
+             "resnet50": {"batch": 8, "schedule": "blocks"},
+             "gpt": {"batch": 4, "schedule": "blocks"}}
 TARGET_CONFIGS = ["dense", "fp16", "exdyna", "exdyna-tracking", "topk", "local"]
 # repeats: visits of each configuration (blocks of `steps` timed steps); rounds: interleaved
 # steps of each configuration.
@@ -229,12 +240,14 @@ def summarize_job(job: dict) -> dict:
     for r in records:
         by_config.setdefault(r["config"], []).append(r)
     dense = {r["repeat"]: r["step_seconds"] for r in by_config.get("dense", [])}
+    items = job["batch_per_rank"] * job.get("items_per_sample", 1)   # images, tokens or samples
     topk = {r["repeat"]: r["step_seconds"] for r in by_config.get("topk", [])}
     rows = {}
     for config, recs in by_config.items():
         steps = [r["step_seconds"] for r in recs]
         row = {"step_seconds": spread(steps),
-               "samples_per_second": spread([job["size"] * job["batch_per_rank"] / s for s in steps])}
+               "samples_per_second": spread([job["size"] * job["batch_per_rank"] / s for s in steps]),
+               "throughput_per_rank": spread([items / s for s in steps])}
         ratios = per_repeat_ratios(recs, dense)
         if ratios:
             row["ratio_to_dense"] = {**spread(ratios), "ci95": median_ci(ratios)}
@@ -382,6 +395,12 @@ def describe_target(t: dict) -> tuple[str, str]:
     return figure, t["verdict"]
 
 
+def input_text(job: dict) -> str:
+    """", input 3×112×112" (a sample's shape, as the worker recorded it), or nothing."""
+    shape = job.get("input_shape")
+    return f", input {'×'.join(map(str, shape))}" if shape else ""
+
+
 def markdown(result: dict) -> str:
     lines = [f"### End to end ({result['mode']} run)", ""]
     m = result["machine"]
@@ -420,7 +439,7 @@ def markdown(result: dict) -> str:
         probe = job["probe"]
         lines += [
             f"#### {job['model']} ({job['numel'] / 1e6:.2f}M parameters, batch {job['batch_per_rank']}"
-            f"/rank), {job['size']} ranks, {job['net']}",
+            f"/rank{input_text(job)}), {job['size']} ranks, {job['net']}",
             "",
             f"{job['schedule']}: {job['repeats']} × {job['steps']} timed steps per configuration; "
             f"launcher: {job['launcher']}; {job['wall_seconds']:.0f} s; load average before/after "
@@ -431,15 +450,16 @@ def markdown(result: dict) -> str:
                f" vs fp32 {probe['fp32_seconds_median'] * 1e3:.0f} ms" if "fp16_seconds_median" in probe
                else ""),
             "",
-            "| config | step ms | samples/s | ratio to dense | achieved density | MB sent/rank/step "
+            f"| config | step ms | {job.get('unit', 'samples/s')} per rank | samples/s | ratio to dense "
+            "| achieved density | MB sent/rank/step "
             "| slowest fwd+bwd ms | after it ms | CPU ms/rank | select ms | comm wait ms |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for config in job["configs"]:
             row = job["summary"].get(config)
             if row is None:
                 continue
-            st, sp = row["step_seconds"], row["samples_per_second"]
+            st, sp, tp = row["step_seconds"], row["samples_per_second"], row["throughput_per_rank"]
             ratio = row.get("ratio_to_dense")
             ratio_text = "–" if ratio is None else (
                 f"{ratio['median']:.3f} [{ratio['q1']:.3f}–{ratio['q3']:.3f}]")
@@ -450,7 +470,7 @@ def markdown(result: dict) -> str:
             cpu = f"{row['cpu_seconds'] * 1e3:.0f}" if "cpu_seconds" in row else "–"
             lines.append(
                 f"| {config} | {st['median'] * 1e3:.0f} [{st['q1'] * 1e3:.0f}–{st['q3'] * 1e3:.0f}] "
-                f"| {sp['median']:.1f} | {ratio_text} | {density} | {mb} "
+                f"| {tp['median']:.1f} | {sp['median']:.1f} | {ratio_text} | {density} | {mb} "
                 f"| {row['slowest_compute_seconds'] * 1e3:.0f} | {row['after_compute_seconds'] * 1e3:.0f} "
                 f"| {cpu} | {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
         lines.append("")
@@ -486,6 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sizes", nargs="+", type=int)
     parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--image-size", type=int,
+                        help="image side of the ResNets and cnn (default: 224 and 32); e.g. 112 or "
+                             "64 on a slow host: same parameters, ~size^2 less computation")
     parser.add_argument("--repeats", type=int, help="visits per configuration (blocks schedule)")
     parser.add_argument("--rounds", type=int, help="steps per configuration (interleaved schedule)")
     parser.add_argument("--warmup", type=int, help="untimed steps of dense, fp16 and local")
@@ -597,6 +620,7 @@ def worker_arguments(model: str, net: str, size: int, plan: dict, args: argparse
             repeats = FULL_EXTRA_REPEATS.get((model, net, size), repeats)
     worker_args = ["--model", model, "--batch", str(batch), "--configs", ",".join(plan["configs"]),
                    "--density", str(args.density), "--repeats", str(repeats),
+                   *(["--image-size", str(args.image_size)] if args.image_size else []),
                    "--schedule", schedule,
                    "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),
                    "--steps", str(steps),
