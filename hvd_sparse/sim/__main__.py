@@ -32,7 +32,7 @@ from typing import Any
 import torch
 
 from . import SCHEDULES, make_algorithm, methods, simulate, summarize_run
-from .tasks import TASKS
+from .tasks import TASKS, task_info
 
 
 def parse_value(text: str) -> Any:
@@ -116,7 +116,8 @@ def main(argv: list[str] | None = None) -> int:
     summary = summarize_run(records, skip=min(args.skip, args.steps - 1))
     config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     config.update(options=options, hyperparameters=_jsonable(algorithm.describe()),
-                  python=platform.python_version(), torch=torch.__version__)
+                  python=platform.python_version(), torch=torch.__version__,
+                  data=task_info(args.model))
     print(json.dumps(summary))
     if args.out is not None:
         args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -5,6 +5,9 @@
 * ``lstm``: a character-level LSTM language model on real English prose shipped with Python itself
   (``pydoc_data.topics``: the text of the Python documentation's help topics), with a held-out
   split and a perplexity evaluation.
+* ``word-lstm``: a word-level LSTM language model (6.2 M parameters, 83% of them in the embedding
+  and the decoder) on the source of Python's standard library (``words.py``): the
+  communication-bound task, whose dense allreduce at 1 Gbit/s takes longer than its gradient.
 
 Every rank draws its own minibatches from a generator seeded by (seed, rank, step), so two runs
 with the same seed see the same data in the same order whatever the method.
@@ -18,6 +21,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 import torch.nn.functional as F
+
+from . import words
 
 
 class DigitsCNN(torch.nn.Module):
@@ -177,4 +182,73 @@ def lstm_task(batch_size: int = 16, seed: int = 0, seq_len: int = 64, eval_len: 
     return Task("lstm", model, loss, batch, evaluate)
 
 
-TASKS = {"digits": digits_task, "digits-mlp": digits_mlp_task, "lstm": lstm_task}
+# --- word-level language model -------------------------------------------------------------------
+class WordLSTM(torch.nn.Module):
+    """Embedding, ``layers`` stacked LSTM layers without biases, linear decoder (untied): 6.18 M
+    parameters at the defaults, 83% of them in the embedding and the decoder. Every weight starts
+    uniform in ±``words.INIT_RANGE``, the decoder's bias at 0, as ``words_tf.keras_word_lstm``'s (the
+    same tensors, the same parameter count)."""
+
+    def __init__(self, vocab_size: int = words.VOCAB_SIZE, embedding: int = 256, hidden: int = 256,
+                 layers: int = 2):
+        super().__init__()
+        self.embed = torch.nn.Embedding(vocab_size, embedding)
+        self.lstm = torch.nn.LSTM(embedding, hidden, layers, bias=False, batch_first=True)
+        self.decode = torch.nn.Linear(hidden, vocab_size)
+        for name, weight in self.named_parameters():
+            if name == "decode.bias":
+                torch.nn.init.zeros_(weight)
+            else:
+                torch.nn.init.uniform_(weight, -words.INIT_RANGE, words.INIT_RANGE)
+
+    def forward(self, x):
+        """Next-token scores at every position of a batch of id sequences (zero initial state)."""
+        out, _ = self.lstm(self.embed(x))
+        return self.decode(out)
+
+
+def word_lstm_model(seed: int = 0, vocab_size: int = words.VOCAB_SIZE, embedding: int = 256,
+                    hidden: int = 256, layers: int = 2) -> WordLSTM:
+    """The word model, initialised from ``seed`` (the same weights for the same seed)."""
+    torch.manual_seed(seed)
+    return WordLSTM(vocab_size, embedding, hidden, layers)
+
+
+def word_lstm_task(batch_size: int = 16, seed: int = 0, seq_len: int = 32, eval_len: int = 64,
+                   eval_tokens: int | None = words.EVAL_TOKENS, vocab_size: int = words.VOCAB_SIZE,
+                   embedding: int = 256, hidden: int = 256, split: str = "valid") -> Task:
+    """Next-token prediction on the standard-library corpus (``words.word_corpus``); each rank's
+    batch is ``words.word_batch`` (``batch_size`` windows of ``seq_len + 1`` tokens seeded by
+    seed, rank and step). ``evaluate`` returns the perplexity over consecutive windows of
+    ``eval_len`` tokens of the first ``eval_tokens`` tokens (None: all) of ``split``."""
+    corpus = words.word_corpus(vocab_size)
+    model = word_lstm_model(seed, vocab_size, embedding, hidden)
+    eval_x, eval_y = (torch.from_numpy(a) for a in
+                      words.eval_windows(getattr(corpus, split), eval_len, eval_tokens))
+
+    def batch(rank: int, step: int) -> tuple:
+        x, y = words.word_batch(corpus.train, rank, step, batch_size, seq_len, seed)
+        return torch.from_numpy(x), torch.from_numpy(y)
+
+    def loss(module: torch.nn.Module, data: tuple) -> torch.Tensor:
+        return F.cross_entropy(module(data[0]).reshape(-1, vocab_size), data[1].reshape(-1))
+
+    def evaluate(module: torch.nn.Module) -> dict:
+        with torch.no_grad():   # in pieces of 64 windows: the logits of all of them are large
+            nats = sum(loss(module, (x, y)).item() * y.numel()
+                       for x, y in zip(eval_x.split(64), eval_y.split(64), strict=True))
+        return {"perplexity": float(np.exp(nats / eval_y.numel()))}
+
+    return Task("word-lstm", model, loss, batch, evaluate)
+
+
+def task_info(name: str, **options) -> dict:
+    """What a run of task ``name`` should record about its data besides the configuration: the
+    word model's corpus (Python version, hash of the text, sizes); nothing for the others."""
+    if name != "word-lstm":
+        return {}
+    return words.word_corpus(options.get("vocab_size", words.VOCAB_SIZE)).info()
+
+
+TASKS = {"digits": digits_task, "digits-mlp": digits_mlp_task, "lstm": lstm_task,
+         "word-lstm": word_lstm_task}
