@@ -83,7 +83,8 @@ WORKLOADS = {"mlp25m": {"batch": 8, "schedule": "blocks"},
              "cnn": {"batch": 32, "schedule": "interleaved"},
              "resnet18": {"batch": 16, "schedule": "interleaved"},
              "resnet50": {"batch": 8, "schedule": "blocks"},
-             "gpt": {"batch": 4, "schedule": "blocks"}}
+             "gpt": {"batch": 4, "schedule": "blocks"},
+             "word-lstm": {"batch": 16, "schedule": "interleaved"}}
 TARGET_CONFIGS = ["dense", "fp16", "exdyna", "exdyna-tracking", "topk", "local"]
 # repeats: visits of each configuration (blocks of `steps` timed steps); rounds: interleaved
 # steps of each configuration.

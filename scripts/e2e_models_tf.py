@@ -132,4 +132,8 @@ def build_model(name: str, input_shape: tuple[int, ...], seed: int) -> tf.keras.
         return resnet(int(name.removeprefix("resnet")), input_shape)
     if name == "gpt":
         return gpt(GPT["layers"], GPT["width"], GPT["heads"], GPT["vocab"], GPT["context"])
+    if name == "word-lstm":
+        from hvd_sparse.sim.words_tf import keras_word_lstm
+
+        return keras_word_lstm(seed)
     raise ValueError(f"unknown model {name!r}")

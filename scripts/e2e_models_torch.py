@@ -154,4 +154,8 @@ def build_model(name: str, input_shape: tuple[int, ...], seed: int) -> nn.Module
         return resnet(int(name.removeprefix("resnet")))
     if name == "gpt":
         return GPTModel(**GPT)
+    if name == "word-lstm":
+        from hvd_sparse.sim.tasks import word_lstm_model
+
+        return word_lstm_model(seed)
     raise ValueError(f"unknown model {name!r}")

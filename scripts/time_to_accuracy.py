@@ -48,8 +48,8 @@ from results import pyplot, save
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-TASK = "wordlstm"
-E2E_MODEL = "wordlstm"
+TASK = "word-lstm"
+E2E_MODEL = "word-lstm"
 # The training recipe of every curve (the same for every method): SGD, constant learning rate,
 # the averaged gradient's norm clipped. Measured on the dense run: see docs/methods.md.
 RECIPE = {"lr": 20.0, "momentum": 0.9, "clip_norm": 0.25, "batch_size": 16, "evaluate_every": 50}
