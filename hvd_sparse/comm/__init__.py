@@ -10,7 +10,8 @@ from .protocol import (
     Protocol,
     finished,
     run_blocking,
+    timed,
 )
 
 __all__ = ["ALLGATHER", "ALLREDUCE", "BROADCAST", "NEIGHBOURS", "Collective", "Phase", "Protocol",
-           "finished", "run_blocking"]
+           "finished", "run_blocking", "timed"]

@@ -6,10 +6,12 @@ another blocks on a different one hangs both (docs/architecture.md#collective-ru
 therefore starts every protocol's next phase before it waits for any: a phase's collectives are all issued
 on every rank before any rank waits on them.
 
-It also keeps, cheaply, the step's communication timeline: when each bucket's collectives were
-issued, when they were seen complete (``poll``, called from the backward hooks, checks the oldest
-bucket not yet seen complete; otherwise the wait in ``finish_all`` tells), and how long
-``finish_all`` blocked on collectives -- the communication the backward pass did not hide.
+It also keeps, cheaply, the step's communication timeline: when each collective (and so each
+bucket) was issued, with its bytes, and when it was seen complete (``poll``, called from the
+backward hooks, asks Horovod about every collective in flight without blocking; in
+``finish_all`` the wait tells, and a poll after each wait notes the others that completed
+meanwhile), and how long ``finish_all`` blocked on collectives -- the communication the backward
+pass did not hide.
 """
 
 from __future__ import annotations
@@ -85,36 +87,45 @@ class HorovodTorchComm(HorovodNeighbourChoice):
         return [self.wait(h) for h in handles]
 
 
+def _nbytes(tensor: Any) -> int:
+    """Bytes a collective's tensor holds (a torch tensor; a NumPy array for a neighbour exchange)."""
+    if hasattr(tensor, "element_size"):
+        return int(tensor.numel() * tensor.element_size())
+    return int(getattr(tensor, "nbytes", 0))
+
+
 class AsyncProtocols:
     """Protocols in flight during one step, keyed by bucket name."""
 
     def __init__(self, comm: HorovodTorchComm):
         self.comm = comm
-        self._running: dict[str, tuple[Protocol, list]] = {}
+        # bucket -> (its protocol, the handles of its phase in flight, their records)
+        self._running: dict[str, tuple[Protocol, list, list]] = {}
         self.results: dict[str, Any] = {}
         self.issued_at: dict[str, float] = {}     # perf_counter when a bucket's first collectives started
         self.completed_at: dict[str, float] = {}  # ... when its last one was seen complete
         self.wait_seconds = 0.0                   # time finish_all blocked on collectives
+        # every collective of the step: [name, op, bytes, issued, seen complete or None] (perf_counter)
+        self.collectives: list[list] = []
         self._phase_done: dict[str, float] = {}
-        self._unseen: list[str] = []              # running buckets not yet seen complete, oldest first
 
     def start(self, key: str, protocol: Protocol) -> None:
         """Run ``protocol`` up to its first phase and start that phase's collectives."""
         self._advance(key, protocol, None)
 
-    def poll(self) -> None:
-        """Note the completion of the oldest running buckets whose collectives are done. Costs one
-        Horovod poll per handle of the oldest bucket not yet seen complete; never blocks."""
+    def poll(self, running: dict | None = None) -> None:
+        """Note the completion of the collectives in flight (of ``running``, default all) that are
+        done: one Horovod poll per collective not yet seen complete; never blocks."""
         now = None
-        while self._unseen:
-            key = self._unseen[0]
-            entry = self._running.get(key)
-            if entry is not None and key not in self._phase_done:
-                if not all(self.comm.poll(h) for h in entry[1]):
-                    return
-                now = now or time.perf_counter()
-                self._phase_done[key] = now
-            self._unseen.pop(0)
+        for key, (_, handles, records) in (self._running if running is None else running).items():
+            if key in self._phase_done:
+                continue
+            for handle, record in zip(handles, records, strict=True):
+                if record[4] is None and self.comm.poll(handle):
+                    now = now or time.perf_counter()
+                    record[4] = now
+            if all(record[4] is not None for record in records):
+                self._phase_done[key] = max(record[4] for record in records)
 
     def finish_all(self) -> None:
         """Drive every running protocol to completion, phase by phase across all of them. A
@@ -124,21 +135,31 @@ class AsyncProtocols:
         failed: Exception | None = None
         while self._running:
             running, self._running = self._running, {}
-            self._unseen.clear()
-            outputs = {}
-            for key, (_, handles) in running.items():
-                started = time.perf_counter()
-                outputs[key] = [self.comm.wait(h) for h in handles]
-                done = time.perf_counter()
-                self.wait_seconds += done - started
-                self._phase_done.setdefault(key, done)
-            for key, (protocol, _) in running.items():
+            self.poll(running)
+            outputs = {key: self._wait(key, handles, records, running)
+                       for key, (_, handles, records) in running.items()}
+            for key, (protocol, _, _) in running.items():
                 try:
                     self._advance(key, protocol, outputs[key])
                 except Exception as error:
                     failed = failed or error
         if failed is not None:
             raise failed
+
+    def _wait(self, key: str, handles: list, records: list, running: dict) -> list:
+        """The results of a bucket's phase, blocking; each collective's completion noted as it is
+        seen, and the others' that completed meanwhile (a poll after each wait)."""
+        outputs = []
+        for handle, record in zip(handles, records, strict=True):
+            started = time.perf_counter()
+            outputs.append(self.comm.wait(handle))
+            done = time.perf_counter()
+            self.wait_seconds += done - started
+            if record[4] is None:
+                record[4] = done
+                self.poll(running)
+        self._phase_done.setdefault(key, max((r[4] for r in records), default=time.perf_counter()))
+        return outputs
 
     def clear(self) -> None:
         """Forget the last step's results and timings; refuses while collectives are in flight."""
@@ -148,7 +169,7 @@ class AsyncProtocols:
         self.issued_at.clear()
         self.completed_at.clear()
         self._phase_done.clear()
-        self._unseen.clear()
+        self.collectives.clear()
         self.wait_seconds = 0.0
 
     def timeline(self) -> dict[str, tuple[float, float | None]]:
@@ -157,11 +178,13 @@ class AsyncProtocols:
         done = {**self._phase_done, **self.completed_at}
         return {key: (issued, done.get(key)) for key, issued in self.issued_at.items()}
 
-    def inflight_seconds(self) -> float:
-        """Wall time during which at least one bucket's collectives were in flight (the union of
-        the buckets' issued-to-completed intervals)."""
-        intervals = sorted((self.issued_at[k], self.completed_at[k]) for k in self.completed_at
-                           if k in self.issued_at)
+    def inflight_seconds(self, until: float | None = None) -> float:
+        """Wall time during which at least one collective was in flight (the union of the
+        collectives' issued-to-seen-complete intervals), up to ``until`` (perf_counter) if given:
+        with the end of the backward pass, the communication it hid."""
+        limit = float("inf") if until is None else until
+        intervals = sorted((lo, min(hi, limit)) for _, _, _, lo, hi in self.collectives
+                           if hi is not None and lo < limit)
         total, end = 0.0, -float("inf")
         for lo, hi in intervals:
             if hi > end:
@@ -178,6 +201,9 @@ class AsyncProtocols:
                 self.completed_at[key] = self._phase_done.pop(key, time.perf_counter())
             return
         self._phase_done.pop(key, None)
-        self._running[key] = (protocol, [self.comm.start(c) for c in phase])
-        self.issued_at.setdefault(key, time.perf_counter())
-        self._unseen.append(key)
+        issued = time.perf_counter()
+        handles = [self.comm.start(c) for c in phase]
+        records = [[c.name, c.op, _nbytes(c.tensor), issued, None] for c in phase]
+        self.collectives += records
+        self._running[key] = (protocol, handles, records)
+        self.issued_at.setdefault(key, issued)

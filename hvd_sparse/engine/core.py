@@ -39,11 +39,11 @@ from ..algorithms.base import (
 )
 from ..algorithms.dense import DenseAverage
 from ..backends import Backend, Momentum, index_dtype_for
-from ..comm import Protocol
+from ..comm import Protocol, timed
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
 from . import patterns
 from .agreement import Layout, agree, config_fields
-from .stats import BucketStats, summarize
+from .stats import BucketStats, StepTimes, sum_times, summarize
 
 # Dtypes Horovod 0.28.1 can move in collectives (no bfloat16: docs/architecture.md#transport-dtypes).
 _TRANSPORTABLE = ("float16", "float32", "float64")
@@ -78,6 +78,7 @@ class Bucket:
     momentum_unmasked: Any = None   # u of the last step before masking (nonfinite="raise": for
                                     # take_back)
     dense: bool = False             # every tensor under ``dense_below``: always averaged densely
+    times: StepTimes | None = None  # where the current (or last) step's host time went
 
 
 @dataclass(frozen=True)
@@ -89,7 +90,6 @@ class Selection:
     selected: int
     finite: bool          # the gradient was finite (or not checked: nonfinite="ignore")
     cleared: bool         # the fused op already cleared the inputs (write_into_inputs)
-    seconds: float        # the selection's time (the whole fused op where there is one)
 
 
 def check_gradient_dtype(key: str, dtype: str) -> None:
@@ -138,10 +138,17 @@ class Engine:
         ``check_layout`` the first step also checks, unless ``agree_on_config`` already covered
         the bucket, that every rank runs the same method and options on a bucket of the same
         layout (one tiny allgather), so a configuration that differs across ranks fails loudly.
-        An empty bucket (a zero-size parameter) is returned as it is, without any collective."""
+        An empty bucket (a zero-size parameter) is returned as it is, without any collective.
+        The time each part of the step ran on the host is kept in the bucket's ``StepTimes``."""
         if all(self.backend.numel(t) == 0 for t in tensors):
             return list(tensors)
         bucket = self._bucket(key, tensors)
+        bucket.times = times = StepTimes()
+        return (yield from timed(self._step(bucket, tensors, check_layout, times), times, "engine"))
+
+    def _step(self, bucket: Bucket, tensors: list[Any], check_layout: bool, times: StepTimes) -> Protocol:
+        """Protocol: ``step`` of a known bucket, the steps of the module docstring in order."""
+        key = bucket.key
         bucket.sent = bucket.momentum_unmasked = None
         if check_layout and not self._agreed & {key, "*"} and self.size > 1:
             yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
@@ -154,10 +161,15 @@ class Engine:
         # The steps of the module docstring:
         yield from method.prepare(control, ctx)                                     # 0
         picked = yield from self._accumulate_select(bucket, tensors, method, ctx)  # 1, 2
-        out = yield from self._exchange(method, control, picked, ctx)               # 3
+        out = yield from timed(self._exchange(method, control, picked, ctx), times, "exchange")  # 3
+        began = time.perf_counter()
         self._keep_residual(bucket, picked, out, method, ctx)                       # 4
         self._observe(bucket, picked, out, method, ctx)                             # 5
-        return self._reconstruct(bucket, tensors, picked, out)                      # 6
+        middle = time.perf_counter()
+        result = self._reconstruct(bucket, tensors, picked, out)                    # 6
+        times.exchange += middle - began
+        times.reconstruct += time.perf_counter() - middle
+        return result
 
     def _method(self, bucket: Bucket) -> Algorithm:
         """Who selects this step: the method, or the plain average for a bucket of small tensors
@@ -175,7 +187,7 @@ class Engine:
         residual as it was: checked before the accumulation writes the residual. Threshold
         methods accumulate and select in one op, which checks first; with write_into_inputs it
         clears the inputs in the same pass, so the reconstruction writes only the selection."""
-        b, check, control = self.backend, self.nonfinite != "ignore", bucket.control
+        b, check, control, times = self.backend, self.nonfinite != "ignore", bucket.control, bucket.times
         if method is not self.algorithm:
             control = None
         started = time.perf_counter()
@@ -185,6 +197,8 @@ class Engine:
             acc, idx, finite = None, None, not check or b.tensors_finite(tensors)
             if finite:
                 acc = method.accumulate(bucket.residual, tensors, control, ctx)
+            times.accumulate += time.perf_counter() - started
+            started = time.perf_counter()
         else:
             acc, idx, finite = fused.acc, fused.idx, fused.finite
         if ctx.momentum is not None:   # the velocity, updated (or, not finite, left) by the op
@@ -192,15 +206,22 @@ class Engine:
         if not finite:   # select from zeros, as every method does on such a step
             acc, idx = self._skip_nonfinite(bucket), None
         cleared = idx is not None and self.write_into_inputs
-        if idx is None:
+        times.select += time.perf_counter() - started
+        if idx is None:   # a method's select may do its work when called (Algorithm.select)
             started = time.perf_counter()
-            idx = yield from method.select(acc, control, ctx)
+            protocol = method.select(acc, control, ctx)
+            suspended = time.perf_counter()
+            times.select += suspended - started
+            ran = times.select
+            idx = yield from timed(protocol, times, "select")
+            times.select_wait += time.perf_counter() - suspended - (times.select - ran)
+        started = time.perf_counter()
         if b.numel(idx) == 0:  # an empty collective can hang: docs/architecture.md#collective-rules
             idx = method.fallback(control, ctx)
             idx = b.from_numpy(b.to_numpy(idx), like=acc)  # on the gradient's device (a GPU)
-        selected = b.numel(idx)
-        seconds = time.perf_counter() - started
-        return Selection(acc, b.cast(idx, bucket.index_dtype), selected, finite, cleared, seconds)
+        picked = Selection(acc, b.cast(idx, bucket.index_dtype), b.numel(idx), finite, cleared)
+        times.select += time.perf_counter() - started
+        return picked
 
     def _skip_nonfinite(self, bucket: Bucket) -> Any:
         """The zeros a rank with a non-finite gradient selects from (warned under "skip")."""
@@ -272,7 +293,7 @@ class Engine:
         bucket.stats = BucketStats(
             step=bucket.step, numel=bucket.numel, k=target_k, selected=picked.selected,
             bytes_sent=out.bytes_sent, bytes_received=out.bytes_received,
-            select_seconds=picked.seconds, backend=self.backend, residual=bucket.residual,
+            times=bucket.times or StepTimes(), backend=self.backend, residual=bucket.residual,
             union_size=out.union_size,
             gathered_indices=None if out.union_size is not None else out.gathered,
             nonfinite_steps=bucket.nonfinite_steps,
@@ -449,6 +470,11 @@ class Engine:
         controls = {key: bk.control for key, bk in self._sparse_buckets().items()}
         out.update(self.algorithm.model_stats(controls))
         return out
+
+    def step_times(self) -> dict:
+        """Where the last step's host time went, summed over buckets (``<part>_seconds`` of
+        engine/stats.py ``StepTimes``): cheap, no pass over any data."""
+        return sum_times([bk.times for bk in self.buckets.values() if bk.times is not None])
 
     def state_dict(self) -> dict:
         """This rank's state: residuals (as NumPy) and the rank-consistent control state."""

@@ -15,6 +15,30 @@ from ..backends import Backend
 
 
 @dataclass
+class StepTimes:
+    """Host seconds one bucket's last step spent in each part of the engine's step, on this rank:
+    only the time the step's protocol ran, never the time it was suspended on a collective."""
+
+    accumulate: float = 0.0   # a = g + e (with DEFT's norms); 0 where the selection op fuses it
+    select: float = 0.0       # the selection (the whole fused accumulate-and-select op where
+                              # there is one), without waiting on its own collectives
+    select_wait: float = 0.0  # wall time the selection was suspended on its own collectives
+                              # (DEFT's bin broadcast): other work of the process runs meanwhile
+    exchange: float = 0.0     # the pattern's host work between collectives, the residual update,
+                              # the controller's observation
+    reconstruct: float = 0.0  # the average written back into the tensors
+    engine: float = 0.0       # all the step's protocol ran: the above and the rest (preparation,
+                              # the first step's configuration check)
+
+    FIELDS = ("accumulate", "select", "select_wait", "exchange", "reconstruct", "engine")
+
+
+def sum_times(times: list[StepTimes]) -> dict:
+    """``<part>_seconds`` summed over buckets: the keys ``stats()`` reports."""
+    return {f"{name}_seconds": sum(getattr(t, name) for t in times) for name in StepTimes.FIELDS}
+
+
+@dataclass
 class BucketStats:
     """What one bucket's last step did on this rank."""
 
@@ -24,9 +48,9 @@ class BucketStats:
     selected: int
     bytes_sent: int
     bytes_received: int
-    select_seconds: float              # the selection; for a threshold method with the fused
-                                       # accumulate-and-select op, that whole op (finite check and
-                                       # accumulation included)
+    times: StepTimes                   # where the step's host time went (select_seconds: its
+                                       # ``select``; for a threshold method with the fused
+                                       # accumulate-and-select op, that whole op)
     backend: Backend
     residual: Any = None               # reference; its norm is computed on demand
     union_size: int | None = None      # known exactly (union/shared patterns) ...
@@ -51,8 +75,8 @@ def summarize(buckets: list[BucketStats], density_target: float) -> dict:
     if not buckets:
         return {"step": 0, "density_target": density_target, "density_actual": 0.0, "k": 0,
                 "selected": 0, "union": 0, "buildup": 0.0, "numel": 0, "bytes_sent": 0,
-                "bytes_received": 0, "select_seconds": 0.0, "residual_norm": 0.0, "buckets": 0,
-                "nonfinite_steps": 0}
+                "bytes_received": 0, "residual_norm": 0.0, "buckets": 0, "nonfinite_steps": 0,
+                **sum_times([])}
     numel = sum(b.numel for b in buckets)
     union = sum(b.union() for b in buckets)
     k = sum(b.k for b in buckets)
@@ -67,7 +91,7 @@ def summarize(buckets: list[BucketStats], density_target: float) -> dict:
         "numel": numel,
         "bytes_sent": sum(b.bytes_sent for b in buckets),
         "bytes_received": sum(b.bytes_received for b in buckets),
-        "select_seconds": sum(b.select_seconds for b in buckets),
+        **sum_times([b.times for b in buckets]),
         "residual_norm": math.sqrt(sum(b.residual_sq() for b in buckets)),
         "buckets": len(buckets),
         "nonfinite_steps": sum(b.nonfinite_steps for b in buckets),

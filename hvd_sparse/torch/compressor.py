@@ -24,13 +24,16 @@ optimizer steps (docs/architecture.md#pytorch-face). This class lives inside tha
 * The optimizer that calls ``compress`` is visible there (horovod_internals.py): with the
   momentum correction on (``momentum=``) and an optimizer that has momentum of its own, the
   first ``compress`` warns once (``optimizer_momentum`` says what counts).
-* Timing is cheap: one clock read per ``compress`` and a non-blocking poll of the oldest bucket
-  in flight, so ``stats()`` can say how long the step waited on communication
+* Timing is cheap: a few clock reads per ``compress`` and ``decompress`` and a non-blocking poll
+  of the collectives in flight, so ``stats()`` (and, without any pass over data,
+  ``step_times()``) can say where the step's time went on this rank: inside the hooks, inside
+  ``decompress``, in each part of the engine's step, blocked on collectives
   (``comm_wait_seconds``) against how long communication was in flight
-  (``comm_inflight_seconds``), and ``communication_timeline()`` when each bucket's collectives
-  were issued and seen complete. Only in the steps where the algorithm measures the backward
-  pass (LAGS's profiling) and on a GPU, each hook also waits for the device, so that the clock
-  reads when a gradient was computed rather than when its kernels were queued.
+  (``comm_inflight_seconds``) and how much of it the backward pass hid; and
+  ``communication_timeline()`` / ``collective_timeline()`` when each bucket's collectives (each
+  collective) were issued and seen complete. Only in the steps where the algorithm measures the
+  backward pass (LAGS's profiling) and on a GPU, each hook also waits for the device, so that the
+  clock reads when a gradient was computed rather than when its kernels were queued.
 """
 
 from __future__ import annotations
@@ -97,6 +100,12 @@ class _Step:
     flushed: bool = False              # the first decompress has finished every bucket
     outstanding: int = 0               # compress calls not yet matched by a decompress
     ordinal: int = 0                   # gradients named by their order so far (no named_parameters)
+    hook_seconds: float = 0.0          # time inside compress (Horovod's gradient hooks)
+    decompress_seconds: float = 0.0    # time inside decompress (finishing the step, end_step)
+    end_step_seconds: float = 0.0      # the once-per-step protocol (Engine.end_step)
+    backward_end: float = 0.0          # perf_counter() when the last compress returned
+    decompress_began: float = 0.0      # perf_counter() when the first decompress was entered
+    decompress_ended: float = 0.0      # ... when the last one so far returned
 
 
 class SparseCompressor(FaceBase, Compressor):
@@ -149,6 +158,7 @@ class SparseCompressor(FaceBase, Compressor):
         # Refuse what cannot work before anything else, so that every rank fails here and none has
         # issued a collective of this step. Both reads of the caller happen here, in compress itself
         # (calling_optimizer reads the stack from compress's caller; the warning points there).
+        entered = time.perf_counter()
         optimizer, op = calling_optimizer(self)
         refuse_reduction_op(op, hvd)
         if optimizer is not None and not self._optimizer_seen:
@@ -163,18 +173,28 @@ class SparseCompressor(FaceBase, Compressor):
         key = self._file(tensor, self._arrival_time(engine, tensor, first))
         self._running().poll()
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else torch.float32
-        return torch.zeros(1, dtype=dtype, device=tensor.device), key
+        placeholder = torch.zeros(1, dtype=dtype, device=tensor.device)
+        step = self._step
+        step.backward_end = time.perf_counter()
+        step.hook_seconds += step.backward_end - entered
+        return placeholder, key
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         """Horovod's call per gradient when the optimizer steps: the gradient's average over ranks.
         The first call of a step finishes the whole step (by then every rank has issued every
         ``compress``), the later ones return their piece."""
-        if not self._step.flushed:
-            self._step.flushed = True
-            self._finish_step(tensor)
-        self._step.outstanding -= 1
-        bucket, position = self._bucket_of[ctx]
-        return self._running().results[bucket][position]
+        entered, step = time.perf_counter(), self._step
+        try:
+            if not step.flushed:
+                step.flushed = True
+                step.decompress_began = entered
+                self._finish_step(tensor)
+            step.outstanding -= 1
+            bucket, position = self._bucket_of[ctx]
+            return self._running().results[bucket][position]
+        finally:
+            step.decompress_ended = time.perf_counter()
+            step.decompress_seconds += step.decompress_ended - entered
 
     # --- the parts of a step ----------------------------------------------------------------------
     def _refuse_dtype(self, tensor: torch.Tensor) -> None:
@@ -238,13 +258,56 @@ class SparseCompressor(FaceBase, Compressor):
             step.outstanding = 0
             raise
         ready = {bucket: max(step.arrival[key] for key in keys) for bucket, keys in self._members.items()}
+        began = time.perf_counter()
         run_blocking(engine.end_step(ready), protocols.comm.execute)
+        step.end_step_seconds += time.perf_counter() - began
 
     # --- what only this face measures -----------------------------------------------------------
     def _extra_stats(self) -> dict:
-        protocols = self._running()
-        return {"comm_wait_seconds": protocols.wait_seconds,
-                "comm_inflight_seconds": protocols.inflight_seconds()}
+        return self.step_times()
+
+    def step_times(self) -> dict:
+        """Where this step's time went on this rank (the last step's, between steps), in seconds;
+        cheap (no pass over any data), so it may be read every step. ``stats()`` includes it.
+
+        ``hook_seconds``: inside ``compress`` (Horovod's gradient hooks: filing gradients, and the
+        engine's work on buckets complete during the backward pass); ``decompress_seconds``:
+        inside ``decompress`` (driving every bucket to completion, ``end_step``);
+        ``end_step_seconds``: the once-per-step protocol; ``<part>_seconds``: the engine's parts
+        (engine/stats.py ``StepTimes``), wherever they ran; ``comm_wait_seconds``: blocked on
+        collectives in ``decompress``; ``comm_inflight_seconds``: wall time with at least one
+        collective in flight, of which ``comm_hidden_seconds`` before the last gradient hook
+        returned (hidden by the backward pass) and ``comm_exposed_seconds`` after it."""
+        protocols, step = self._running(), self._step
+        inflight = protocols.inflight_seconds()
+        hidden = protocols.inflight_seconds(until=step.backward_end) if step.backward_end else 0.0
+        return {**self._ensure_engine().step_times(),
+                "hook_seconds": step.hook_seconds, "decompress_seconds": step.decompress_seconds,
+                "end_step_seconds": step.end_step_seconds,
+                "comm_wait_seconds": protocols.wait_seconds, "comm_inflight_seconds": inflight,
+                "comm_hidden_seconds": hidden, "comm_exposed_seconds": inflight - hidden}
+
+    def step_marks(self) -> dict:
+        """When this step's landmarks happened, as ``time.perf_counter()`` values (the last step's
+        between steps): ``began`` (the first gradient hook), ``backward_end`` (the last hook
+        returned), ``decompress_began`` (the first decompress was entered: Horovod waited for its
+        own allreduces before), ``decompress_ended`` (the last decompress so far returned). For
+        profilers that read the same clock."""
+        step = self._step
+        return {"began": step.began, "backward_end": step.backward_end,
+                "decompress_began": step.decompress_began, "decompress_ended": step.decompress_ended}
+
+    def collective_timeline(self) -> list[dict]:
+        """Every collective of this step (the last step's, between steps), in the order issued:
+        ``name``, ``op``, ``bytes`` (this rank's input), ``issued`` and ``completed`` (seconds after
+        the step's first gradient; ``completed`` None while not seen complete). Polls first."""
+        if self._protocols is None:
+            return []
+        self._protocols.poll()
+        began = self._step.began
+        return [{"name": name, "op": op, "bytes": size, "issued": issued - began,
+                 "completed": None if done is None else done - began}
+                for name, op, size, issued, done in self._protocols.collectives]
 
     def communication_timeline(self) -> dict[str, tuple[float, float | None]]:
         """This step's buckets (the last step's, between steps): (issued, completed) in seconds

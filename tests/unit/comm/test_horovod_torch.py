@@ -55,3 +55,30 @@ def test_async_protocols_record_issue_completion_and_waiting():
     assert protocols.inflight_seconds() == pytest.approx(span)
     protocols.clear()
     assert protocols.timeline() == {} and protocols.wait_seconds == 0
+
+
+def test_every_collective_is_recorded_and_the_time_in_flight_splits_at_a_moment():
+    from hvd_sparse.comm import Collective
+
+    def protocol():
+        yield [Collective(ALLGATHER, "x.idx", np.zeros(3, np.int32)),
+               Collective(ALLGATHER, "x.val", np.zeros(3, np.float32))]
+        yield [Collective(ALLGATHER, "x.more", np.zeros(5, np.float64))]
+
+    comm = FakeComm()
+    protocols = AsyncProtocols(comm)
+    protocols.start("x", protocol())
+    comm.done.add(2)                              # the second completes first ...
+    protocols.poll()
+    records = {name: (op, size, issued, done) for name, op, size, issued, done in protocols.collectives}
+    assert records["x.val"][3] is not None and records["x.idx"][3] is None   # ... and is seen so
+    protocols.finish_all()
+    names = [c[0] for c in protocols.collectives]
+    assert names == ["x.idx", "x.val", "x.more"]
+    assert [c[2] for c in protocols.collectives] == [12, 12, 40]
+    assert all(c[4] is not None and c[4] >= c[3] for c in protocols.collectives)
+    total = protocols.inflight_seconds()
+    middle = protocols.collectives[2][3]          # when the second phase was issued
+    before = protocols.inflight_seconds(until=middle)
+    assert 0 <= before <= total and protocols.inflight_seconds(until=0.0) == 0.0
+    assert protocols.inflight_seconds(until=float("inf")) == pytest.approx(total)

@@ -263,3 +263,20 @@ def test_local_group_reports_a_rank_that_raises_while_others_wait():
 
     with pytest.raises(RankMismatchError, match="would hang"):
         LocalGroup(2).run([protocol(0), protocol(1)])
+
+
+def test_stats_say_where_the_step_time_went():
+    from hvd_sparse.algorithms import DEFT
+
+    for algorithm in (TopK(0.1), DEFT(0.1)):
+        engines, group = make_engines(algorithm, 2), LocalGroup(2)
+        rng = np.random.default_rng(3)
+        group.run([e.step("x", g) for e, g in zip(engines, random_grads(rng, 2), strict=True)])
+        stats, times = engines[0].stats(), engines[0].step_times()
+        parts = ("accumulate", "select", "exchange", "reconstruct")
+        assert set(times) == {f"{p}_seconds" for p in (*parts, "select_wait", "engine")}
+        assert all(stats[key] == value >= 0 for key, value in times.items())
+        # The parts lie inside what the step's protocol ran; the waits are not work.
+        assert sum(times[f"{p}_seconds"] for p in parts) <= times["engine_seconds"] + 1e-9
+        assert times["select_seconds"] > 0 and times["engine_seconds"] > 0
+    assert times["accumulate_seconds"] > 0   # DEFT accumulates (with its norms) before selecting

@@ -311,7 +311,7 @@ def run_engine(algorithm, size, steps, grads):
         inputs = [[t.clone() for t in grads(step, r)] for r in range(size)]
         outs = group.run([e.step("model", inputs[r]) for r, e in enumerate(engines)])
         history.append([([o.clone() for o in out], e.buckets["model"].residual.clone(),
-                         {k: repr(v) for k, v in e.stats().items() if k not in ("select_seconds", "seconds")})
+                         {k: repr(v) for k, v in e.stats().items() if not k.endswith("seconds")})
                         for out, e in zip(outs, engines, strict=True)])
     return history
 
