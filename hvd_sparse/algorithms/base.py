@@ -204,6 +204,12 @@ class Algorithm:
         override this; whatever is not sent of the returned vector becomes the next residual."""
         return ctx.backend.accumulate(residual, tensors, momentum=ctx.momentum)
 
+    def plain_accumulation(self, control: Any) -> bool:
+        """Whether ``accumulate`` is the plain ``a = g + e`` of ``Backend.accumulate`` (with the
+        step's momentum): the engine may then run it as one op with the finite check and the
+        clearing of inputs it overwrites later. Default: whether ``accumulate`` is not overridden."""
+        return type(self).accumulate is Algorithm.accumulate
+
     def accumulate_select(self, residual: Any, tensors: list, control: Any, ctx: StepContext,
                           clear_inputs: bool, check_finite: bool) -> Selected | None:
         """``Selected`` (accumulated vector, this rank's indices, probe counts, finite) from one

@@ -192,6 +192,10 @@ class DGC(Algorithm):
         """No threshold yet."""
         return DGCControl()
 
+    def plain_accumulation(self, control: DGCControl) -> bool:
+        """Without ``clip_norm``, DGC accumulates as the engine does."""
+        return self.clip_norm is None
+
     def accumulate(self, residual: Any, tensors: list, control: DGCControl, ctx: StepContext) -> Any:
         """Error feedback, with the gradient's norm clipped first when ``clip_norm`` is set."""
         if self.clip_norm is None:   # the engine's accumulation (one pass with a kernel)

@@ -193,10 +193,9 @@ class Engine:
         started = time.perf_counter()
         fused = method.accumulate_select(bucket.residual, tensors, control, ctx,
                                          self.write_into_inputs, check)
+        cleared = fused is not None and fused.idx is not None and self.write_into_inputs
         if fused is None:
-            acc, idx, finite = None, None, not check or b.tensors_finite(tensors)
-            if finite:
-                acc = method.accumulate(bucket.residual, tensors, control, ctx)
+            acc, idx, finite, cleared = self._accumulate(bucket, tensors, method, control, ctx)
             times.accumulate += time.perf_counter() - started
             started = time.perf_counter()
         else:
@@ -205,7 +204,6 @@ class Engine:
             bucket.momentum = ctx.momentum.buffer
         if not finite:   # select from zeros, as every method does on such a step
             acc, idx = self._skip_nonfinite(bucket), None
-        cleared = idx is not None and self.write_into_inputs
         times.select += time.perf_counter() - started
         if idx is None:   # a method's select may do its work when called (Algorithm.select)
             started = time.perf_counter()
@@ -222,6 +220,23 @@ class Engine:
         picked = Selection(acc, b.cast(idx, bucket.index_dtype), b.numel(idx), finite, cleared)
         times.select += time.perf_counter() - started
         return picked
+
+    def _accumulate(self, bucket: Bucket, tensors: list[Any], method: Algorithm, control: Any,
+                    ctx: StepContext) -> tuple[Any, None, bool, bool]:
+        """Step 1 alone (the selection is not fused with it): (accumulated vector or None when not
+        finite, None, finite, inputs cleared). When the engine writes the average into the inputs
+        and the method accumulates plainly (``Algorithm.plain_accumulation``), one backend op
+        checks the inputs, accumulates and clears them in the same pass (the fused threshold op
+        over an empty range: no selection), so neither a finite check nor the reconstruction
+        reads or writes them separately; the vector is the same."""
+        b, check = self.backend, self.nonfinite != "ignore"
+        if self.write_into_inputs and method.plain_accumulation(control):
+            done = b.accumulate_select(bucket.residual, tensors, 0, 0, 0.0, clear_inputs=True,
+                                       check_finite=check, momentum=ctx.momentum)
+            return (done.acc if done.finite else None), None, done.finite, done.finite
+        finite = not check or b.tensors_finite(tensors)
+        acc = method.accumulate(bucket.residual, tensors, control, ctx) if finite else None
+        return acc, None, finite, False
 
     def _skip_nonfinite(self, bucket: Bucket) -> Any:
         """The zeros a rank with a non-finite gradient selects from (warned under "skip")."""

@@ -23,7 +23,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 from checks import check_identical, check_topk_step
-from torch_common import allgather_rows
+from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
@@ -80,6 +80,8 @@ def run(label: str, delay: float = 0.0, via_registry: bool = False, **options) -
         p.register_hook(lambda grad: readings.append((time.perf_counter(),
                                                       compressor.communication_timeline())))
     issued_early = completed_early = 0
+    gradients = RawGradients(named)   # p.grad after backward is not the raw gradient (the pass
+                                      # that reads it clears it)
 
     generator = torch.Generator().manual_seed(1000 + hvd.rank())
     for step in range(STEPS):
@@ -89,9 +91,13 @@ def run(label: str, delay: float = 0.0, via_registry: bool = False, **options) -
         densities = compressor.stats().get("group_densities", {})
         optimizer.zero_grad()
         readings.clear()
+        began = time.perf_counter()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        raw = {n: p.grad.detach().clone() for n, p in named}
+        backward = time.perf_counter() - began
+        raw = gradients.take()
+        began = time.perf_counter()
         optimizer.step()
+        check_breakdown(compressor.step_times(), backward, time.perf_counter() - began, label)
         applied = {n: p.grad.detach().clone() for n, p in named}
         new = compressor.state_dict()["buckets"]
         for group, members in plan:
@@ -138,6 +144,22 @@ def run(label: str, delay: float = 0.0, via_registry: bool = False, **options) -
     print(f"CHECKED {label} rank={hvd.rank()} steps={STEPS} issued_early={issued_early} "
           f"completed_early={completed_early} wait_ms={1e3 * stats['comm_wait_seconds']:.2f} "
           f"inflight_ms={1e3 * stats['comm_inflight_seconds']:.2f}{extra}", flush=True)
+
+
+def check_breakdown(times: dict, backward: float, step: float, label: str) -> None:
+    """The face's step times fit inside the step as this rank timed it: the hooks inside the
+    backward pass, decompress inside optimizer.step(), the engine's parts inside both, and the
+    time in flight split into hidden + exposed."""
+    slack = 1e-3
+    assert 0 < times["hook_seconds"] <= backward + slack, (label, times, backward)
+    assert 0 < times["decompress_seconds"] <= step + slack, (label, times, step)
+    assert times["comm_wait_seconds"] <= times["decompress_seconds"] + slack, (label, times)
+    parts = sum(times[f"{p}_seconds"] for p in ("accumulate", "select", "exchange", "reconstruct"))
+    assert parts <= times["engine_seconds"] + slack, (label, times)
+    inside = times["hook_seconds"] + times["decompress_seconds"]
+    assert times["engine_seconds"] <= inside + slack, (label, times)
+    inflight = times["comm_hidden_seconds"] + times["comm_exposed_seconds"]
+    assert abs(inflight - times["comm_inflight_seconds"]) < 1e-9, (label, times)
 
 
 def main() -> None:

@@ -15,7 +15,7 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 from checks import check_identical, check_topk_step
-from torch_common import allgather_rows
+from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
@@ -39,13 +39,14 @@ def run(scope: str, pattern: str, via_registry: bool) -> None:
     buckets = ([("model", [n for n, _ in named])] if scope == "model"
                else [(n, [n]) for n, _ in named])
     generator = torch.Generator().manual_seed(1000 + hvd.rank())
+    gradients = RawGradients(named)   # p.grad after backward: cleared by the pass that read it
     for step in range(STEPS):
         x = torch.randn(12, 16, generator=generator)
         y = torch.randint(0, 5, (12,), generator=generator)
         old = compressor.state_dict()["buckets"]
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        raw = {n: p.grad.detach().clone() for n, p in named}
+        raw = gradients.take()
         optimizer.step()
         applied = {n: p.grad.detach().clone() for n, p in named}
         new = compressor.state_dict()["buckets"]

@@ -16,7 +16,7 @@ import torch
 
 import hvd_sparse
 from hvd_sparse import ConfigurationError, kernels
-from hvd_sparse.algorithms import ExDyna, MiCRO, Threshold
+from hvd_sparse.algorithms import DGC, LAGS, ExDyna, MiCRO, Threshold, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
@@ -337,6 +337,35 @@ def test_engine_decisions_identical_with_kernels_on_and_off(name, algorithm, siz
     assert ran == len(fused) == steps * size - starts and all(f is not None for f in fused)
     assert [f.finite for f in fused].count(False) == 1
     assert_identical(on, off)
+
+
+PLAIN = [
+    ("topk", TopK(0.01), 3),
+    ("topk-momentum", TopK(0.01, momentum=0.9), 2),
+    ("lags", LAGS(0.01), 2),
+    ("dgc", DGC(0.01), 2),
+    ("topk-dense-steps", TopK(0.01, dense_steps=3), 2),
+]
+
+
+@pytest.mark.parametrize("name,algorithm,size", PLAIN, ids=[c[0] for c in PLAIN])
+def test_plain_accumulation_into_inputs_is_the_same_step(name, algorithm, size, reference):
+    # Writing into the inputs, a method that accumulates plainly runs a = g + e, the finite check and
+    # the clearing of the inputs as one op (engine._accumulate), and the reconstruction then writes
+    # only the average's entries: the same tensors, residuals and decisions as without, the
+    # non-finite step of rank 1 included, kernels on and off.
+    grads = gradients(7, [20_000, 2_000, 777], [torch.float32, torch.float16, torch.float32])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns
+        into = run_steps(algorithm, size, 10, grads, True)
+        fresh = run_steps(algorithm, size, 10, grads, False)
+        off = reference(run_steps, algorithm, size, 10, grads, True)
+    assert_identical(into, fresh)
+    assert_identical(into, off)
+    engine = Engine(copy.deepcopy(algorithm), TB, 0, 1, write_into_inputs=True)
+    inputs = grads(0, 0)
+    LocalGroup(1, TB).run([engine.step("model", inputs)])
+    assert engine.stats()["accumulate_seconds"] > 0
 
 
 @needs_kernels
