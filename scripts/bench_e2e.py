@@ -57,6 +57,7 @@ import time
 from pathlib import Path
 
 from bench_e2e_worker import CONFIGS, REFERENCE, known
+from e2e_phases import breakdown_table, phase_targets, summarize_phases
 from results import machine_info
 
 HERE = Path(__file__).resolve().parent
@@ -261,8 +262,22 @@ def summarize_job(job: dict) -> dict:
                     "cpu_seconds"):
             if all(key in r for r in recs):  # cpu_seconds: not in runs before it was measured
                 row[key] = statistics.fmean(r[key] for r in recs)
+        add_limit_and_phases(row, recs, by_config.get("local", []))
         rows[config] = row
     return rows
+
+
+def add_limit_and_phases(row: dict, recs: list[dict], local: list[dict]) -> None:
+    """The row's per-visit ratio to the compute-only configuration ``local`` of the same job (the
+    same steps without communication: the limit a method can reach) and its breakdown
+    (scripts/e2e_phases.py)."""
+    steps = {r["repeat"]: r["step_seconds"] for r in local}
+    ratios = per_repeat_ratios(recs, steps)
+    if ratios:
+        row["ratio_to_local"] = {**spread(ratios), "ci95": median_ci(ratios)}
+    phases = summarize_phases(recs)
+    if phases is not None:
+        row["phases"] = phases
 
 
 def verdict(median: float, ci: list[float], limit: float) -> str:
@@ -333,6 +348,7 @@ def evaluate_targets(jobs: list[dict]) -> list[dict]:
             })
     for job in jobs:
         out += kernel_targets(job)
+        out += phase_targets(job, verdict)
     for target in out:
         target["figure"], target["verdict"] = describe_target(target)
     return out
@@ -372,6 +388,8 @@ def describe_target(t: dict) -> tuple[str, str]:
     def number(value, spec: str) -> str:
         return "–" if value is None else format(value, spec)
 
+    if t["kind"] in ("limit", "phases"):   # scripts/e2e_phases.py words its own
+        return t["figure"], t["verdict"]
     if t["kind"] == "kernels":
         lo, hi = t["ratio_ci95"]
         figure = (f"{t['config']} / {t['reference']} step: {t['ratio']:.3f} ({lo:.3f}–{hi:.3f}), "
@@ -475,6 +493,7 @@ def markdown(result: dict) -> str:
                 f"| {row['slowest_compute_seconds'] * 1e3:.0f} | {row['after_compute_seconds'] * 1e3:.0f} "
                 f"| {cpu} | {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
         lines.append("")
+        lines += [*breakdown_table(job), ""]
     if result["targets"]:
         lines += ["#### Targets", "",
                   "Verdicts follow the median; \"within noise\" where the 95% bootstrap interval "
@@ -544,6 +563,8 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict
             plan[key] = getattr(args, key)
     if args.configs:
         plan["configs"] = args.configs.split(",")
+    if "local" not in plan["configs"]:   # the compute-only row: every table has the limit
+        plan["configs"] = [*plan["configs"], "local"]
     for c in plan["configs"]:
         if not known(c):
             parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}, and any "
@@ -666,8 +687,9 @@ def print_job(job: dict, configs: list[str]) -> None:
         row = job["summary"].get(config)
         if row:
             ratio = row.get("ratio_to_dense", {}).get("median", float("nan"))
+            limit = row.get("ratio_to_local", {}).get("median", float("nan"))
             print(f"[bench_e2e]   {config:16s} {row['step_seconds']['median'] * 1e3:8.1f} ms "
-                  f"x{ratio:.3f} dense", flush=True)
+                  f"x{ratio:.3f} dense x{limit:.3f} local", flush=True)
 
 
 def run_jobs(jobs: list[tuple[str, str, int]], plan: dict, args: argparse.Namespace, explicit: bool,

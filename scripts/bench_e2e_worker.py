@@ -29,6 +29,7 @@ from typing import Any
 
 from convergence import RECIPE
 from e2e_models import MODELS, build
+from e2e_phases import TimedCompression, rank_phases, slowest_rank_phases, timed_sgd
 
 # name -> (registry method or a Horovod compression, options). "local" trains without any
 # communication: the computation's own cost, measured under the same CPU contention.
@@ -250,12 +251,13 @@ class Trainer:
         self.model = spec.model
         named = list(self.model.named_parameters())
         self.numel = sum(p.numel() for _, p in named)
-        optimizer = torch.optim.SGD(self.model.parameters(), lr=args.lr)
-        self.compressor = None
+        # SGD that times its own update (scripts/e2e_phases.py: the step's breakdown)
+        optimizer = timed_sgd(torch)(self.model.parameters(), lr=args.lr)
+        self.compressor = self.timing = None
         if method == "horovod":
-            compression = getattr(hvd.Compression, options["compression"])
+            self.timing = TimedCompression(getattr(hvd.Compression, options["compression"]))
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
-                                                 compression=compression)
+                                                 compression=self.timing)
         elif method != "local":
             self.compressor = hvd_sparse.create(method, framework="torch", density=args.density,
                                                 named_parameters=named,
@@ -263,6 +265,7 @@ class Trainer:
                                                 **options)
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
                                                  compression=self.compressor)
+            self.timing = self.compressor
         self.optimizer = optimizer
         self._loss = spec.loss
 
@@ -270,11 +273,12 @@ class Trainer:
         """Sparsifiers get more: their thresholds settle (the first step also plans buckets)."""
         return args.warmup if self.method in ("horovod", "local") else args.sparse_warmup
 
-    def step(self, x, y) -> list[float]:
+    def step(self, x, y) -> list:
         """One training step; seconds of zero_grad + forward, backward (Horovod's hooks and, for
         some methods, the selection run here) and optimizer.step() (waiting for the exchange,
         reconstruction, the update), then the CPU seconds the process spent on it (all threads,
-        Horovod's background thread included: a busy wait shows there)."""
+        Horovod's background thread included: a busy wait shows there), then the step's phases
+        (scripts/e2e_phases.py)."""
         self.hvd_sparse.set_kernels(self.kernels)   # configurations may take turns step by step
         cpu0 = time.process_time()
         t0 = time.perf_counter()
@@ -285,7 +289,9 @@ class Trainer:
         t2 = time.perf_counter()
         self.optimizer.step()
         t3 = time.perf_counter()
-        return [t1 - t0, t2 - t1, t3 - t2, time.process_time() - cpu0]
+        cpu = time.process_time() - cpu0
+        phases = rank_phases([t0, t1, t2, t3], self.optimizer.update_seconds, self.timing)
+        return [t1 - t0, t2 - t1, t3 - t2, cpu, phases]
 
     def record(self, repeat: int, steps: list[list[float]], batches, stat_steps: int) -> dict:
         """This rank's record of a visit; the statistics come from ``stat_steps`` further untimed
@@ -327,6 +333,8 @@ def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
         cpu = [s[3] for ranks in steps for s in ranks if len(s) > 3]
         if cpu:
             out["cpu_seconds"] = statistics.fmean(cpu)
+        if steps and all(len(s) > 4 for ranks in steps for s in ranks):
+            out["phases"] = slowest_rank_phases([[s[4] for s in ranks] for ranks in steps])
         for key in STAT_KEYS:
             out[key] = statistics.fmean(r[key] for r in records)
         merged.append(out)

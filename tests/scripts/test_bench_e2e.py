@@ -8,6 +8,7 @@ import statistics
 
 import bench_e2e
 import bench_e2e_worker
+import e2e_phases
 import pytest
 
 
@@ -141,3 +142,78 @@ def test_verdict_is_qualified_when_the_interval_crosses_the_limit():
     lo, hi = bench_e2e.median_ci(noisy)
     assert lo <= statistics.median(noisy) <= hi and lo < hi
     assert bench_e2e.median_ci(noisy) == [lo, hi]  # seeded
+
+
+class FakeSource:
+    """A compressor's cheap timing accessors, as the worker reads them after each step."""
+
+    def __init__(self, times, marks, timeline=()):
+        self.times, self.marks, self.timeline = times, marks, list(timeline)
+
+    def step_times(self):
+        return dict(self.times)
+
+    def step_marks(self):
+        return dict(self.marks)
+
+    def collective_timeline(self):
+        return list(self.timeline)
+
+
+def phases_of(step, unaccounted=0.0, hidden=0.0, inflight=0.0):
+    """One rank's phases of a step of ``step`` seconds with ``unaccounted`` left over."""
+    clock = [10.0, 10.1, 10.1 + 0.3, 10.0 + step]   # forward 0.1, backward 0.3 (hooks 0.05)
+    # optimizer.step: Horovod waits 0.02, decompress 0.1, the update 0.05, the rest unaccounted
+    ended = clock[2] + 0.02 + 0.1
+    update = step - 0.4 - 0.12 - unaccounted
+    source = FakeSource({"hook_seconds": 0.05, "decompress_seconds": 0.1, "select_seconds": 0.01,
+                         "comm_inflight_seconds": inflight, "comm_hidden_seconds": hidden},
+                        {"decompress_ended": ended},
+                        [{"name": "e2e.x.model.idx", "bytes": 40, "issued": 0.1, "completed": 0.2},
+                         {"name": "e2e.x.model.val", "bytes": 80, "issued": 0.1, "completed": None}])
+    return e2e_phases.rank_phases(clock, update, source)
+
+
+def test_rank_phases_add_up_to_the_step():
+    p = phases_of(1.0, unaccounted=0.03)
+    assert p["step"] == pytest.approx(1.0)
+    assert p["backward_compute"] == pytest.approx(0.25) and p["hooks"] == pytest.approx(0.05)
+    assert p["horovod_wait"] == pytest.approx(0.02) and p["decompress"] == pytest.approx(0.1)
+    assert p["unaccounted"] == pytest.approx(0.03)
+    assert sum(p[k] for k in e2e_phases.PHASES) == pytest.approx(p["step"])
+    assert p["collectives"] == {"idx": [1, 40, pytest.approx(0.1)]}   # val not seen complete
+    local = e2e_phases.rank_phases([0.0, 0.1, 0.3, 0.45], 0.15, None)
+    assert local["unaccounted"] == pytest.approx(0.0) and local["hooks"] == 0.0
+
+
+def record_with_phases(config, repeat, per_rank_steps):
+    return {"config": config, "repeat": repeat, "step_seconds": max(p["step"] for p in per_rank_steps[0]),
+            "phases": e2e_phases.slowest_rank_phases(per_rank_steps)}
+
+
+def test_breakdown_takes_the_slowest_rank_and_fails_when_it_does_not_add_up():
+    fast, slow = phases_of(0.5), phases_of(0.8, unaccounted=0.01, hidden=0.06, inflight=0.1)
+    merged = e2e_phases.slowest_rank_phases([[fast, slow]])
+    assert merged["step"] == pytest.approx(0.8) and merged["unaccounted"] == pytest.approx(0.01)
+    good = e2e_phases.summarize_phases([record_with_phases("lags", 0, [[fast, slow]])])
+    assert good["adds_up"] and good["hidden_share"] == pytest.approx(0.6)
+    # A breakdown that misses 20% of the step does not add up, and its target says so.
+    bad = e2e_phases.summarize_phases([record_with_phases("deft", 0, [[phases_of(1.0, unaccounted=0.2)]])])
+    assert bad["unaccounted_share"] == pytest.approx(0.2) and not bad["adds_up"]
+    job = {"model": "mlp25m", "net": "1gbit", "size": 2, "summary": {
+        "lags": {"phases": good}, "deft": {"phases": bad},
+        "micro": {"ratio_to_local": {"median": 1.3, "ci95": [1.2, 1.4], "n": 5}}}}
+    targets = {t["target"].split(" (")[0]: t for t in e2e_phases.phase_targets(job, bench_e2e.verdict)}
+    adds_up = targets["the breakdown adds up to the step within 10% for every configuration"]
+    assert not adds_up["met"] and "deft" in adds_up["figure"]
+    assert targets["lags hides >= 40% of its communication"]["met"]
+    micro = targets["micro step within 1.25× of the compute-only step"]
+    assert not micro["met"] and micro["verdict"] == "not met (within noise)"
+
+
+def test_every_run_has_the_compute_only_row_and_its_ratio():
+    parser = bench_e2e.build_parser()
+    plan = bench_e2e.make_plan(parser.parse_args(["--configs", "dense,deft"]), parser)
+    assert plan["configs"] == ["dense", "deft", "local"]
+    job = job_with({"dense": [1.0, 2.0], "deft": [0.3, 0.5], "local": [0.25, 0.5]})
+    assert job["summary"]["deft"]["ratio_to_local"]["median"] == pytest.approx(1.1)
