@@ -1,7 +1,17 @@
 """TensorFlow backend. The engine runs it eagerly (inside ``tf.py_function`` when the caller is a
-graph), so these are plain eager TF ops on immutable tensors: every method returns a new tensor."""
+graph), so these are plain eager TF ops on immutable tensors: every method returns a new tensor.
+
+An eager op costs tens of microseconds whatever its size, so a bucket of many tensors is not
+walked tensor by tensor here: the TensorFlow face flattens and concatenates a bucket's gradients
+in its graph (``pack``), hands the engine a ``Packed`` bucket -- the tensors' specs, with that
+vector -- and cuts the average back into tensors in the graph (``unpack``). The ops that take a
+bucket's tensors (``accumulate``, ``tensors_finite``, ``split_like``) then work on the one vector:
+the same TF ops on the same values, so the same bits (docs/architecture.md#tensorflow-face).
+"""
 
 from __future__ import annotations
+
+from collections.abc import Sequence
 
 import numpy as np
 import tensorflow as tf
@@ -15,10 +25,63 @@ from .exact import (
 )
 
 
+class Packed(list):
+    """A bucket's tensors as the engine sees them from the TensorFlow face: a list of their
+    ``tf.TensorSpec`` (shapes and dtypes: what the engine reads of each tensor) with ``flat``, the
+    values of all of them flattened and concatenated in one vector of ``packed_dtype``. The
+    backend's bucket ops read ``flat``; ``split_like`` returns a ``Packed`` whose ``flat`` is the
+    average, which the face cuts into the tensors (``unpack``)."""
+
+    def __init__(self, specs: Sequence[tf.TensorSpec], flat: tf.Tensor):
+        super().__init__(specs)
+        self.flat = flat
+
+
+def packed_dtype(dtypes: Sequence[str]) -> str:
+    """The dtype a bucket travels in, packed: the gradients' own when they share one, else the
+    residual's (float64 if any is, else float32); every conversion into it is exact."""
+    if len(set(dtypes)) == 1:
+        return dtypes[0]
+    return "float64" if "float64" in dtypes else "float32"
+
+
+def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
+    """Graph ops: the tensors flattened and concatenated, in ``packed_dtype``."""
+    dtype = packed_dtype([t.dtype.name for t in tensors])
+    flats = [tf.cast(tf.reshape(t, [-1]), dtype) for t in tensors]
+    return tf.concat(flats, axis=0) if len(flats) > 1 else flats[0]
+
+
+def unpack(flat: tf.Tensor, specs: Sequence[tf.TensorSpec]) -> list[tf.Tensor]:
+    """Graph ops: ``flat`` cut into tensors shaped as ``specs``, each cast to its spec's dtype
+    (what ``Backend.split_like`` computes)."""
+    sizes = [spec.shape.num_elements() for spec in specs]
+    pieces = tf.split(flat, sizes) if len(sizes) > 1 else [flat]
+    return [tf.cast(tf.reshape(piece, spec.shape), spec.dtype)
+            for piece, spec in zip(pieces, specs, strict=True)]
+
+
 class TensorFlowBackend(Backend):
     """``Backend`` on TensorFlow tensors (immutable: every method returns a new tensor)."""
 
     name = "tensorflow"
+
+    def accumulate(self, residual, tensors, clear_inputs=False, momentum=None):
+        if not isinstance(tensors, Packed):
+            return super().accumulate(residual, tensors, clear_inputs, momentum)
+        if momentum is not None:
+            out, momentum.buffer = self.momentum_accumulate(residual, momentum.buffer, tensors,
+                                                            momentum.factor, momentum.nesterov)
+        else:
+            out = self.add(residual, tensors.flat)
+        if clear_inputs:
+            self.clear(tensors)
+        return out
+
+    def split_like(self, flat, tensors):
+        if isinstance(tensors, Packed):
+            return Packed(tensors, flat)
+        return super().split_like(flat, tensors)
 
     def zeros(self, n, dtype="float32", like=None):
         return tf.zeros([n], dtype=dtype)
@@ -45,7 +108,8 @@ class TensorFlowBackend(Backend):
         return x[lo:hi]
 
     def numel(self, x):
-        return int(tf.size(x))
+        n = x.shape.num_elements()   # static: no op (a TensorSpec's too)
+        return int(tf.size(x)) if n is None else n
 
     def dtype_name(self, x):
         return x.dtype.name
@@ -67,11 +131,22 @@ class TensorFlowBackend(Backend):
         return float(tf.reduce_sum(x64 * x64))
 
     def segment_norms(self, x, lengths):
+        # Each segment's float64 sum of squares in one op; any summation order keeps a term
+        # within the segment's length of roundings, the depth float32_norms is told.
         squares = tf.square(tf.cast(x, tf.float64))
-        ragged = tf.RaggedTensor.from_row_lengths(squares, tf.constant(list(lengths), dtype=tf.int64))
+        sums = tf.math.unsorted_segment_sum(squares, self._segment_ids(tuple(lengths)), len(lengths))
         starts = np.cumsum([0, *lengths]).tolist()
-        return float32_norms(tf.reduce_sum(ragged, axis=1).numpy().tolist(), list(lengths),
+        return float32_norms(sums.numpy().tolist(), list(lengths),
                              lambda i: x[starts[i]:starts[i + 1]].numpy())
+
+    def _segment_ids(self, lengths: tuple) -> tf.Tensor:
+        """The segment of every entry (int32), built once per layout (the last few are kept)."""
+        cache = self.__dict__.setdefault("_ids", {})
+        if lengths not in cache:
+            if len(cache) >= 4:
+                cache.pop(next(iter(cache)))
+            cache[lengths] = tf.constant(np.repeat(np.arange(len(lengths), dtype=np.int32), lengths))
+        return cache[lengths]
 
     def all_finite(self, x):
         return bool(tf.reduce_all(tf.math.is_finite(x)))
@@ -81,6 +156,8 @@ class TensorFlowBackend(Backend):
         return numpy_mean_std(tf.cast(x, tf.float64).numpy() if x.dtype == tf.bfloat16 else x.numpy())
 
     def tensors_finite(self, tensors):
+        if isinstance(tensors, Packed):   # one vector: the same verdict (a sum is finite iff...)
+            tensors = [tensors.flat]
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
         if bool(tf.math.is_finite(total)):
             return True
@@ -89,7 +166,7 @@ class TensorFlowBackend(Backend):
 
     def topk_abs_indices(self, x, k):
         x = tf.reshape(x, [-1])
-        if k >= int(tf.size(x)):
+        if k >= self.numel(x):
             return tf.range(tf.size(x, out_type=tf.int64), dtype=tf.int64)
         if k <= 0:
             return tf.zeros([0], dtype=tf.int64)
@@ -100,11 +177,12 @@ class TensorFlowBackend(Backend):
             keys = tf.cast(keys, tf.int32)
         kth = tf.math.top_k(keys, k, sorted=True).values[k - 1]   # the k-th largest key
         candidates = tf.reshape(tf.where(keys >= kth), [-1])       # ascending
-        chosen = tf.gather(keys, candidates)
-        tied = chosen == kth
-        need = k - int(tf.math.count_nonzero(chosen > kth))
-        keep = tf.logical_or(~tied, tf.cumsum(tf.cast(tied, tf.int64)) <= need)   # ties: lowest indices
-        return tf.boolean_mask(candidates, keep)
+        if candidates.shape[0] == k:   # no tie is cut: the usual case
+            return candidates
+        above = tf.reshape(tf.where(keys > kth), [-1])
+        tied = tf.reshape(tf.where(keys == kth), [-1])[: k - above.shape[0]]   # ties: lowest indices
+        merged = tf.concat([above, tied], axis=0)
+        return -tf.math.top_k(-merged, k, sorted=True).values   # ascending
 
     def indices_where_at_least(self, x, threshold, offset=0):
         idx = tf.reshape(tf.where(x >= tf.constant(threshold, dtype=x.dtype)), [-1])

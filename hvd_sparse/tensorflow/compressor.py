@@ -39,6 +39,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 
 from ..algorithms.base import MODEL, TENSOR, Algorithm
 from ..backends import get_backend
+from ..backends.tf_backend import Packed, pack, unpack
 from ..comm import Collective, run_blocking
 from ..comm.horovod_tf import HorovodTFComm
 from ..engine import Engine
@@ -84,6 +85,17 @@ def _root_graph() -> Any:
     while isinstance(getattr(graph, "outer_graph", None), FuncGraph):
         graph = graph.outer_graph
     return graph
+
+
+def _specs(tensors: list) -> tuple:
+    """The specs of a bucket's gradients (what the engine reads of each: shape and dtype)."""
+    return tuple(tf.TensorSpec(t.shape, t.dtype) for t in tensors)
+
+
+def _flat_of(average: Any, inputs: Any) -> Any:
+    """A bucket step's packed average (fp32): ``Packed.flat``, or the packed input itself for a
+    bucket the engine returned untouched (every tensor empty)."""
+    return average.flat if isinstance(average, Packed) else tf.cast(inputs[0], tf.float32)
 
 
 def _placeholder(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -235,16 +247,14 @@ class SparseCompressor(FaceBase, Compressor):
         position = {key: i for i, key in enumerate(keys)}
         buckets = [(bucket, [grads[position[key]] for key in members]) for bucket, members in plan]
         if self.algorithm.scope == MODEL or len(plan) == 1 or not self._phases_known(buckets):
-            inputs = [t for _, tensors in buckets for t in tensors]
-            flat = tf.py_function(
-                functools.partial(self._run_blocking, [(bucket, len(ts)) for bucket, ts in buckets]),
-                inputs, Tout=[t.dtype for t in inputs])
-            results, offset = [], 0
-            for _, tensors in buckets:
-                results.append(flat[offset:offset + len(tensors)])
-                offset += len(tensors)
+            inputs = [pack(tensors) for _, tensors in buckets]
+            averages = tf.py_function(
+                functools.partial(self._run_blocking, [(bucket, _specs(ts)) for bucket, ts in buckets]),
+                inputs, Tout=[tf.float32] * len(inputs))   # the average is fp32 (engine/patterns.py)
+            results = [unpack(average, _specs(tensors)) for average, (_, tensors) in zip(
+                averages, buckets, strict=True)]
         else:
-            results = [self._phased_graph(bucket, tensors) for bucket, tensors in buckets]
+            results = self._phased_graphs(buckets)
         outputs: list = [None] * len(grads)
         for (_, members), (_, tensors), outs in zip(plan, buckets, results, strict=True):
             for key, out, grad in zip(members, outs, tensors, strict=True):
@@ -266,31 +276,62 @@ class SparseCompressor(FaceBase, Compressor):
 
     def _phased_graph(self, key: str, tensors: list) -> list:
         """The bucket's step as py_function phases joined by Horovod graph collectives."""
-        engine, comm = self._engine, self._comm
-        sizes = tuple(t.shape.num_elements() for t in tensors)
-        schedule = engine.schedule(key, sum(sizes), tuple(t.dtype.name for t in tensors), sizes)
-        inputs = list(tensors)
-        for position, phase in enumerate(schedule):
-            requests = tf.py_function(functools.partial(self._advance, key, position, phase), inputs,
-                                      Tout=[dtype for _, _, dtype in phase])
-            inputs = [comm.graph_op(op, t, name) for (op, name, _), t in zip(phase, requests, strict=True)]
-        outputs = tf.py_function(functools.partial(self._advance, key, len(schedule), None), inputs,
-                                 Tout=[t.dtype for t in tensors])
-        for out, tensor in zip(outputs, tensors, strict=True):
-            out.set_shape(tensor.shape)
+        return self._phased_graphs([(key, tensors)])[0]
+
+    def _phased_graphs(self, buckets: list) -> list:
+        """The steps of ``buckets`` ((key, tensors), in plan order) as phased graphs, every
+        bucket's phase p in one py_function (a bucket whose schedule is shorter finishes in the
+        py_function after its last phase), joined by each phase's Horovod graph collectives, which
+        Horovod matches by name; each bucket's averaged tensors."""
+        schedules = [self._engine.schedule(key, sum(t.shape.num_elements() for t in ts),
+                                           tuple(t.dtype.name for t in ts),
+                                           tuple(t.shape.num_elements() for t in ts))
+                     for key, ts in buckets]
+        specs = [_specs(ts) for _, ts in buckets]
+        inputs: list = [[pack(ts)] for _, ts in buckets]
+        outputs: list = [None] * len(buckets)
+        for position in range(max(len(s) for s in schedules) + 1):
+            active = [i for i, s in enumerate(schedules) if position <= len(s)]
+            plan = [(buckets[i][0], schedules[i][position] if position < len(schedules[i]) else None,
+                     specs[i], len(inputs[i])) for i in active]
+            tout = [dtype for _, phase, _, _ in plan for _, _, dtype in phase or [(None, None, tf.float32)]]
+            flat = tf.py_function(functools.partial(self._advance_all, position, plan),
+                                  [t for i in active for t in inputs[i]], Tout=tout)
+            offset = 0
+            for i, (_, phase, _, _) in zip(active, plan, strict=True):
+                if phase is None:   # finished: the packed fp32 average (engine/patterns.py)
+                    outputs[i] = unpack(flat[offset], specs[i])
+                    offset += 1
+                    continue
+                inputs[i] = [self._comm.graph_op(op, t, name) for (op, name, _), t in
+                             zip(phase, flat[offset:offset + len(phase)], strict=True)]
+                offset += len(phase)
+        for outs, (_, tensors) in zip(outputs, buckets, strict=True):
+            for out, tensor in zip(outs, tensors, strict=True):
+                out.set_shape(tensor.shape)
         return outputs
 
     # --- run time (inside tf.py_function, eager) --------------------------------------------------
-    def _advance(self, key: str, position: int, expected: list | None, *results) -> list:
+    def _advance_all(self, position: int, plan: list, *results) -> list:
+        """Phase ``position`` of every bucket of ``plan`` ((key, expected phase, specs, number of
+        inputs), in plan order), run by one ``tf.py_function``: ``_advance`` of each, on its share
+        of ``results``; their outputs, concatenated."""
+        out, offset = [], 0
+        for key, expected, specs, count in plan:
+            out += self._advance(key, position, expected, specs, *results[offset:offset + count])
+            offset += count
+        return out
+
+    def _advance(self, key: str, position: int, expected: list | None, specs: tuple, *results) -> list:
         """Phase ``position`` of bucket ``key``'s step, run by its ``tf.py_function``: the tensors
         of the next phase's collectives (checked against ``expected``, what the graph was built
-        for), or the bucket's averaged tensors after the last. ``results`` are the gradients at
-        position 0, else what the last phase's collectives returned."""
+        for), or the bucket's packed average after the last. ``results`` are the packed gradients
+        (``specs``: the tensors') at position 0, else what the last phase's collectives returned."""
         if position == 0:
             if not self._step.inflight:   # the first phase of a step's first tensor
                 self._follow_world()
                 self._step = _Step()
-            protocol = self._engine.step(key, list(results), check_layout=False)
+            protocol = self._engine.step(key, Packed(specs, results[0]), check_layout=False)
             self._step.inflight[key] = protocol
             sent = None
         else:
@@ -300,23 +341,23 @@ class SparseCompressor(FaceBase, Compressor):
             phase: list[Collective] = next(protocol) if sent is None else protocol.send(sent)
         except StopIteration as done:
             del self._step.inflight[key]
-            return done.value
+            return [_flat_of(done.value, results)]
         if expected is None or [(c.op, c.name) for c in phase] != [(op, n) for op, n, _ in expected]:
             raise RankMismatchError(f"step of {key!r} issued {[c.signature() for c in phase]}, the "
                                     f"graph was built for {expected}")
         return [c.tensor for c in phase]
 
-    def _run_blocking(self, layout: list[tuple[str, int]], *grads) -> list:
-        """Every bucket of ``layout`` ((bucket, number of tensors), in plan order, the same on
-        every rank) one after the other, with eager blocking collectives."""
+    def _run_blocking(self, layout: list[tuple[str, tuple]], *grads) -> list:
+        """Every bucket of ``layout`` ((bucket, its tensors' specs), in plan order, the same on
+        every rank) one after the other, with eager blocking collectives; ``grads``: each
+        bucket's packed gradients. Each bucket's packed average."""
         self._follow_world()
-        engine, outputs, done, offset = self._engine, [], [], 0
+        engine, outputs, done = self._engine, [], []
         try:
-            for key, count in layout:
-                tensors = list(grads[offset:offset + count])
-                outputs += run_blocking(engine.step(key, tensors), self._comm.execute)
+            for (key, specs), flat in zip(layout, grads, strict=True):
+                average = run_blocking(engine.step(key, Packed(specs, flat)), self._comm.execute)
+                outputs.append(_flat_of(average, [flat]))
                 done.append(key)
-                offset += count
         except FloatingPointError:
             # Raised on every rank at the same bucket (nonfinite="raise"): the buckets that
             # finished take their step back, so the step is applied nowhere
