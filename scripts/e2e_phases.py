@@ -39,8 +39,8 @@ UNACCOUNTED_MAX = 0.10   # the breakdown must add up to the measured step within
 # The phases that add up to the step, in the order of a step.
 PHASES = ("forward", "backward_compute", "hooks", "horovod_wait", "decompress", "update", "unaccounted")
 # Shown beside them: parts of the phases above (the engine's, and waiting on collectives).
-DETAILS = ("comm_wait", "accumulate", "select", "select_wait", "exchange", "reconstruct", "end_step",
-           "comm_inflight", "comm_hidden", "comm_exposed")
+DETAILS = ("comm_wait", "late_rank", "accumulate", "select", "select_wait", "exchange", "reconstruct",
+           "end_step", "comm_inflight", "comm_hidden", "comm_exposed")
 
 
 def timed_sgd(torch: Any) -> type:
@@ -134,11 +134,20 @@ def rank_phases(clock: list[float], update: float, source: Any) -> dict:
     return out
 
 
+def computed(p: dict) -> float:
+    """When a rank's backward pass ended, from the step's start: forward, backward, hooks."""
+    return p["forward"] + p["backward_compute"] + p["hooks"]
+
+
 def slowest_rank_phases(per_rank_steps: list[list[dict]]) -> dict:
     """A visit's breakdown: per step, the phases of the rank whose step took longest (the job
     moves at its pace: its step is the measured step), averaged over the visit's steps."""
     chosen = [max(ranks, key=lambda p: p["step"]) for ranks in per_rank_steps]
     out = {key: statistics.fmean(p[key] for p in chosen) for key in ("step", *PHASES, *DETAILS)}
+    # How much later than this rank the last rank finished its backward pass (ranks start
+    # aligned): the part of its waiting that was for another rank, not for the network.
+    out["late_rank"] = statistics.fmean(max(map(computed, ranks)) - computed(p)
+                                        for ranks, p in zip(per_rank_steps, chosen, strict=True))
     parts: dict[str, list[float]] = {}
     for p in chosen:
         for part, (count, size, seconds) in p.get("collectives", {}).items():
@@ -155,7 +164,7 @@ def summarize_phases(records: list[dict]) -> dict | None:
     visits = [r["phases"] for r in records if r.get("phases")]
     if not visits:
         return None
-    out = {key: statistics.fmean(v[key] for v in visits) for key in ("step", *PHASES, *DETAILS)}
+    out = {key: statistics.fmean(v.get(key, 0.0) for v in visits) for key in ("step", *PHASES, *DETAILS)}
     out["unaccounted_share"] = abs(out["unaccounted"]) / out["step"] if out["step"] else 0.0
     out["adds_up"] = out["unaccounted_share"] <= UNACCOUNTED_MAX
     out["hidden_share"] = (out["comm_hidden"] / out["comm_inflight"]) if out["comm_inflight"] else None
@@ -179,13 +188,15 @@ def breakdown_table(job: dict) -> list[str]:
     lines = ["Breakdown of the step (ms, the slowest rank of each step, mean over visits; "
              "`× local`: the step over the compute-only step of the same visit, median; the "
              "phases add up to the step, `unaccounted` is what no clock covers; the engine's "
-             "parts and `comm wait` lie inside `hooks` or `decompress`; `hidden` = share of the "
+             "parts and `comm wait` lie inside `hooks` or `decompress`; `last rank later by`: how "
+             "much later the last rank ended its backward pass (part of `comm wait` is waiting "
+             "for it); `hidden` = share of the "
              "time with a collective in flight that passed before the last gradient hook "
              "returned):", "",
              "| config | step | × local | fwd | bwd compute | hooks | horovod wait | decompress | update "
-             "| unaccounted | comm wait | accumulate | select | select wait | exchange "
+             "| unaccounted | comm wait | last rank later by | accumulate | select | select wait | exchange "
              "| reconstruct | comm in flight | hidden | collectives: n × ms (KB) |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for config in job["configs"]:
         row = job["summary"].get(config) or {}
         b = row.get("phases")
@@ -202,8 +213,8 @@ def breakdown_table(job: dict) -> list[str]:
         lines.append(
             f"| {config} | {ms(b['step'])} | {limit_text} | {ms(b['forward'])} | {ms(b['backward_compute'])} "
             f"| {ms(b['hooks'])} | {ms(b['horovod_wait'])} | {ms(b['decompress'])} | {ms(b['update'])} "
-            f"| {share} | {ms(b['comm_wait'])} | {ms(b['accumulate'])} | {ms(b['select'])} "
-            f"| {ms(b['select_wait'])} | {ms(b['exchange'])} | {ms(b['reconstruct'])} "
+            f"| {share} | {ms(b['comm_wait'])} | {ms(b['late_rank'])} | {ms(b['accumulate'])} "
+            f"| {ms(b['select'])} | {ms(b['select_wait'])} | {ms(b['exchange'])} | {ms(b['reconstruct'])} "
             f"| {ms(b['comm_inflight'])} | {hidden} | {parts} |")
     return lines
 

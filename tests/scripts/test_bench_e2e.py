@@ -195,6 +195,9 @@ def test_breakdown_takes_the_slowest_rank_and_fails_when_it_does_not_add_up():
     fast, slow = phases_of(0.5), phases_of(0.8, unaccounted=0.01, hidden=0.06, inflight=0.1)
     merged = e2e_phases.slowest_rank_phases([[fast, slow]])
     assert merged["step"] == pytest.approx(0.8) and merged["unaccounted"] == pytest.approx(0.01)
+    assert merged["late_rank"] == pytest.approx(0.0)   # both ended backward at 0.4 s
+    late = dict(fast, backward_compute=fast["backward_compute"] + 0.05)
+    assert e2e_phases.slowest_rank_phases([[late, slow]])["late_rank"] == pytest.approx(0.05)
     good = e2e_phases.summarize_phases([record_with_phases("lags", 0, [[fast, slow]])])
     assert good["adds_up"] and good["hidden_share"] == pytest.approx(0.6)
     # A breakdown that misses 20% of the step does not add up, and its target says so.
