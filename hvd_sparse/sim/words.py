@@ -49,6 +49,12 @@ CHUNK = 2_000              # tokens per chunk of the split ...
 SPLIT_EVERY = 20           # ... and of every 20 chunks, one validation and one test (5% each)
 EVAL_TOKENS = 16_384       # the evaluation's default: the first 16 k validation tokens
 INIT_RANGE = 0.1           # both frameworks' models start with weights uniform in ±0.1
+# Dense training that learns, at 2 ranks (measured on CPython 3.11.7; docs/usage.md): SGD with
+# momentum on the averaged gradient, its norm clipped, a constant rate. Held-out perplexity 105
+# after 50 steps, 55 after 100, 36 after 250, 29 after 500, 22.4 after 1000 (unigram: 174); lr 16
+# does not learn, lr 0.5 learns at half the pace.
+RECIPE = {"lr": 4.0, "momentum": 0.9, "clip_norm": 1.0, "schedule": "constant", "batch_size": 16,
+          "seq_len": 32, "steps": 1000}
 TOKEN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*|[0-9]+|[^\sA-Za-z0-9_]|\n")
 
 
