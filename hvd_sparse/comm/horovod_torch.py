@@ -8,8 +8,9 @@ on every rank before any rank waits on them.
 
 It also keeps, cheaply, the step's communication timeline: when each collective (and so each
 bucket) was issued, with its bytes, and when it was seen complete (``poll``, called from the
-backward hooks, asks Horovod about every collective in flight without blocking; in
-``finish_all`` the wait tells, and a poll after each wait notes the others that completed
+backward hooks, asks Horovod about the collectives in flight without blocking, oldest first,
+until one is still running: a few polls per hook whatever the number of buckets; in
+``finish_all`` the wait tells, and the same poll after each wait notes the others that completed
 meanwhile), and how long ``finish_all`` blocked on collectives -- the communication the backward
 pass did not hide.
 """
@@ -17,6 +18,7 @@ pass did not hide.
 from __future__ import annotations
 
 import time
+from collections import deque
 from typing import Any
 
 from .neighbours import HorovodNeighbourChoice, neighbour_payload, neighbour_splits, split_neighbours
@@ -108,24 +110,34 @@ class AsyncProtocols:
         # every collective of the step: [name, op, bytes, issued, seen complete or None] (perf_counter)
         self.collectives: list[list] = []
         self._phase_done: dict[str, float] = {}
+        self._records: dict[str, list] = {}       # bucket -> the records of its phase in flight
+        self._pending: deque = deque()            # (bucket, handle, record) not seen complete, oldest first
 
     def start(self, key: str, protocol: Protocol) -> None:
         """Run ``protocol`` up to its first phase and start that phase's collectives."""
         self._advance(key, protocol, None)
 
-    def poll(self, running: dict | None = None) -> None:
-        """Note the completion of the collectives in flight (of ``running``, default all) that are
-        done: one Horovod poll per collective not yet seen complete; never blocks."""
+    def poll(self, pending: deque | None = None) -> None:
+        """Note the completion of the collectives in flight (of ``pending``, default all), oldest
+        first, up to the first one still running: one Horovod poll per collective seen complete,
+        and one more; never blocks."""
+        pending = self._pending if pending is None else pending
         now = None
-        for key, (_, handles, records) in (self._running if running is None else running).items():
-            if key in self._phase_done:
-                continue
-            for handle, record in zip(handles, records, strict=True):
-                if record[4] is None and self.comm.poll(handle):
-                    now = now or time.perf_counter()
-                    record[4] = now
-            if all(record[4] is not None for record in records):
-                self._phase_done[key] = max(record[4] for record in records)
+        while pending:
+            key, handle, record = pending[0]
+            if record[4] is None:
+                if not self.comm.poll(handle):
+                    return
+                now = now or time.perf_counter()
+                self._seen(key, record, now)
+            pending.popleft()
+
+    def _seen(self, key: str, record: list, when: float) -> None:
+        """A collective of bucket ``key`` was seen complete at ``when``; the bucket's phase too
+        once all of its collectives were."""
+        record[4] = when
+        if all(r[4] is not None for r in self._records.get(key, ())):
+            self._phase_done.setdefault(key, when)
 
     def finish_all(self) -> None:
         """Drive every running protocol to completion, phase by phase across all of them. A
@@ -135,8 +147,9 @@ class AsyncProtocols:
         failed: Exception | None = None
         while self._running:
             running, self._running = self._running, {}
-            self.poll(running)
-            outputs = {key: self._wait(key, handles, records, running)
+            pending, self._pending = self._pending, deque()
+            self.poll(pending)
+            outputs = {key: self._wait(key, handles, records, pending)
                        for key, (_, handles, records) in running.items()}
             for key, (protocol, _, _) in running.items():
                 try:
@@ -146,7 +159,7 @@ class AsyncProtocols:
         if failed is not None:
             raise failed
 
-    def _wait(self, key: str, handles: list, records: list, running: dict) -> list:
+    def _wait(self, key: str, handles: list, records: list, pending: deque) -> list:
         """The results of a bucket's phase, blocking; each collective's completion noted as it is
         seen, and the others' that completed meanwhile (a poll after each wait)."""
         outputs = []
@@ -156,8 +169,8 @@ class AsyncProtocols:
             done = time.perf_counter()
             self.wait_seconds += done - started
             if record[4] is None:
-                record[4] = done
-                self.poll(running)
+                self._seen(key, record, done)
+                self.poll(pending)
         self._phase_done.setdefault(key, max((r[4] for r in records), default=time.perf_counter()))
         return outputs
 
@@ -169,6 +182,8 @@ class AsyncProtocols:
         self.issued_at.clear()
         self.completed_at.clear()
         self._phase_done.clear()
+        self._records.clear()
+        self._pending.clear()
         self.collectives.clear()
         self.wait_seconds = 0.0
 
@@ -205,5 +220,7 @@ class AsyncProtocols:
         handles = [self.comm.start(c) for c in phase]
         records = [[c.name, c.op, _nbytes(c.tensor), issued, None] for c in phase]
         self.collectives += records
+        self._records[key] = records
+        self._pending.extend((key, handle, record) for handle, record in zip(handles, records, strict=True))
         self._running[key] = (protocol, handles, records)
         self.issued_at.setdefault(key, issued)
