@@ -9,8 +9,10 @@ split into N near-equal units, any other tensor is one unit. Every step, on ever
 3. the rotating master m = t mod N packs the units into N bins, largest estimated selection cost
    first into the least-loaded bin (cost size * log2(k_u), or size when k_u = 1); a unit whose k_u
    is its whole size is *common*: every rank sends all of it, it sits in no bin;
-4. the master broadcasts the assignment (two int32 vectors: the N bin sizes, then the unit ids of
-   the bins in bin order followed by the common units); rank r owns bin (m + r) mod N;
+4. the master broadcasts the assignment (one int32 vector: the N bin sizes, then the unit ids of
+   the bins in bin order followed by the common units, then with ``agreed_k`` its k_u: one
+   collective, not one per vector, since each costs a round of Horovod's negotiation); rank r owns
+   bin (m + r) mod N;
 5. rank r sends the top-k_u entries of each unit it owns, with its *own* k_u;
 6. union pattern: the gathered selections (disjoint by construction) followed by every index of
    every common unit; every rank sends its own values there, the average is applied and every rank
@@ -183,8 +185,8 @@ def pack_heap(k_units: Sequence[int], sizes: Sequence[int], n_bins: int) -> Pack
 
 
 def encode_assignment(packing: Packing) -> tuple[np.ndarray, np.ndarray]:
-    """The two int32 vectors the master broadcasts: bin sizes, then the bins' unit ids in bin
-    order followed by the common unit ids."""
+    """The two int32 vectors the master's broadcast begins with: bin sizes, then the bins' unit
+    ids in bin order followed by the common unit ids."""
     bin_sizes = np.array([len(b) for b in packing.bins], dtype=np.int32)
     unit_ids = np.array([u for b in packing.bins for u in b] + list(packing.common), dtype=np.int32)
     return bin_sizes, unit_ids
@@ -350,15 +352,13 @@ class DEFT(Algorithm):
             bin_sizes = np.zeros(n_ranks, dtype=np.int32)
             unit_ids = np.zeros(len(table), dtype=np.int32)
             master_k = np.zeros(len(table), dtype=np.int32)
-        phase = [Collective(BROADCAST, f"{ctx.name}.deft.bins", b.from_numpy(bin_sizes, like=acc), master),
-                 Collective(BROADCAST, f"{ctx.name}.deft.units", b.from_numpy(unit_ids, like=acc), master)]
+        vectors = [bin_sizes, unit_ids, master_k] if self.agreed_k else [bin_sizes, unit_ids]
+        (received,) = yield [Collective(BROADCAST, f"{ctx.name}.deft.assign",
+                                        b.from_numpy(np.concatenate(vectors), like=acc), master)]
+        received = b.to_numpy(received)
+        bins, common = decode_assignment(received[:n_ranks], received[n_ranks:n_ranks + len(table)])
         if self.agreed_k:
-            phase.append(Collective(BROADCAST, f"{ctx.name}.deft.k", b.from_numpy(master_k, like=acc),
-                                    master))
-        received = yield phase
-        bins, common = decode_assignment(b.to_numpy(received[0]), b.to_numpy(received[1]))
-        if self.agreed_k:
-            k_units = [int(k) for k in b.to_numpy(received[2])]
+            k_units = [int(k) for k in received[n_ranks + len(table):]]
         self._record_assignment(control, ctx, master, tuple(k_units), bins, common, acc)
 
         parts = []
