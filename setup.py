@@ -7,7 +7,9 @@ the install. Flags: -O3, strict IEEE floating point (the kernels must match the 
 for bit), and no -march=native: the library must run on any x86-64 / aarch64 machine. On x86-64
 the same sources are built a second time for the x86-64-v3 level (AVX2, every x86-64 CPU since
 about 2015), which the loader picks at run time where the CPU has it: wider vectors and more loads
-in flight, the same IEEE operations in the same order, so the same results.
+in flight, the same IEEE operations in the same order, so the same results. Where TensorFlow is
+installed, kernels/cpu/tf_ops.cc and the kernel sources it wraps are built against it as a
+TensorFlow op library (``_tf_ops``), which the TensorFlow backend loads with tf.load_op_library.
 """
 
 import os
@@ -26,9 +28,25 @@ def native(name: str, flags: list[str]) -> Extension:
                      extra_compile_args=FLAGS + flags)
 
 
+def tensorflow_ops() -> list[Extension]:
+    """The TensorFlow op library (kernels/cpu/tf_ops.cc over the same kernel sources), built
+    against the installed TensorFlow with its own compile and link flags; none without it."""
+    try:
+        import tensorflow as tf
+    except ImportError:
+        return []
+    return [Extension("hvd_sparse.kernels.cpu._tf_ops",
+                      sources=["kernels/cpu/tf_ops.cc", "kernels/cpu/topk.cpp"],
+                      depends=sorted(glob("kernels/cpu/*.h")), language="c++",
+                      extra_compile_args=[*FLAGS, "-Wno-deprecated-declarations",
+                                          *tf.sysconfig.get_compile_flags()],
+                      extra_link_args=tf.sysconfig.get_link_flags())]
+
+
 libraries = [native("_native", [])]
 if platform.machine().lower() in ("x86_64", "amd64"):
     libraries.append(native("_native_v3", ["-march=x86-64-v3", "-mtune=generic"]))
+libraries += tensorflow_ops()
 
 
 class BuildEachApart(build_ext):

@@ -14,7 +14,8 @@ each returning the named result of the backend op it replaces, or None where it 
   for): the caller then runs the reference ops. That is not a failure and warns nothing.
 
 Op modules: ``hvd_sparse.kernels.cpu`` (C++ through ctypes, CPU tensors) and
-``hvd_sparse.kernels.triton`` (CUDA tensors). See docs/kernels.md.
+``hvd_sparse.kernels.triton`` (CUDA tensors); for the TensorFlow backend, ``tensorflow_ops()``
+(custom TensorFlow ops over the CPU kernels' sources). See docs/kernels.md.
 """
 
 from __future__ import annotations
@@ -73,6 +74,17 @@ def ops_for(tensor: Any) -> KernelOps | None:
     if name not in _loaded:
         _loaded[name] = _load(name)
     return cast(KernelOps | None, _loaded[name])   # an op module has every op of KernelOps
+
+
+def tensorflow_ops() -> ModuleType | None:
+    """The TensorFlow op module (kernels/tf_ops.py: custom ops built against the installed
+    TensorFlow from the CPU kernels' sources), or None: kernels off, or a library that cannot load
+    (warned once per cause). The TensorFlow backend asks it for the ops it has."""
+    if _mode == "off":
+        return None
+    if "tf_ops" not in _loaded:
+        _loaded["tf_ops"] = _load("tf_ops")
+    return _loaded["tf_ops"]
 
 
 def _load(name: str) -> ModuleType | None:

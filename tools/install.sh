@@ -37,7 +37,8 @@ stack_key() {
 # to a source, or a missing library, rebuilds it alone (seconds).
 kernels_stamp="$venv/.hvd_sparse_kernels"
 kernels_key() {
-    cat "$repo/setup.py" "$repo"/kernels/cpu/*.cpp $(ls "$repo"/kernels/cpu/*.h 2>/dev/null) | sha256sum | cut -c1-16
+    cat "$repo/setup.py" "$repo"/kernels/cpu/*.cpp $(ls "$repo"/kernels/cpu/*.h "$repo"/kernels/cpu/*.cc 2>/dev/null) \
+        | sha256sum | cut -c1-16
 }
 kernels_built() {
     [ -f "$kernels_stamp" ] && [ "$(cat "$kernels_stamp")" = "$(kernels_key)" ] \

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 import numpy as np
 import tensorflow as tf
 
+from .. import kernels
 from .base import Backend
 from .exact import (
     MAGNITUDE_KEYS,
@@ -166,6 +167,10 @@ class TensorFlowBackend(Backend):
 
     def topk_abs_indices(self, x, k):
         x = tf.reshape(x, [-1])
+        ops = kernels.tensorflow_ops()   # the CPU kernel as a TensorFlow op (kernels/tf_ops.py)
+        selected = ops.topk_abs(x, k) if ops is not None else None
+        if selected is not None:
+            return selected
         if k >= self.numel(x):
             return tf.range(tf.size(x, out_type=tf.int64), dtype=tf.int64)
         if k <= 0:

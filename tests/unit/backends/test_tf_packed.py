@@ -4,6 +4,8 @@ bit -- selected indices, residuals, control state and the average cut back into 
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import numpy as np
 import pytest
 
@@ -62,21 +64,13 @@ def run(method: str, options: dict, dtypes: list[str], packed: bool) -> tuple[li
                 inputs = [Packed(specs, pack(ts)) for ts in chosen]
             else:
                 inputs = chosen
-            with pytest.warns(RuntimeWarning) if step == 3 and "g4" in members else _nothing():
+            with pytest.warns(RuntimeWarning) if step == 3 and "g4" in members else nullcontext():
                 results = group.run([e.step(bucket, x) for e, x in zip(engines, inputs, strict=True)])
             if packed:
                 results = [unpack(r.flat, list(r)) for r in results]
             averages.append([[t.numpy() for t in r] for r in results])
     residuals = [{key: b.residual.numpy() for key, b in e.buckets.items()} for e in engines]
     return averages, residuals
-
-
-class _nothing:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return False
 
 
 @pytest.mark.parametrize(("method", "options"), METHODS, ids=lambda v: v if isinstance(v, str) else
