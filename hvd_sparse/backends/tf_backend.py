@@ -25,6 +25,8 @@ from .exact import (
     sample_shape,
 )
 
+_FEW_SEGMENTS = 8   # segment_norms: up to this many segments, one reduction each
+
 
 class Packed(list):
     """A bucket's tensors as the engine sees them from the TensorFlow face: a list of their
@@ -135,7 +137,10 @@ class TensorFlowBackend(Backend):
         # Each segment's float64 sum of squares in one op; any summation order keeps a term
         # within the segment's length of roundings, the depth float32_norms is told.
         squares = tf.square(tf.cast(x, tf.float64))
-        sums = tf.math.unsorted_segment_sum(squares, self._segment_ids(tuple(lengths)), len(lengths))
+        if len(lengths) <= _FEW_SEGMENTS:   # an op per segment, no segment ids
+            sums = tf.stack([tf.reduce_sum(piece) for piece in tf.split(squares, list(lengths))])
+        else:
+            sums = tf.math.unsorted_segment_sum(squares, self._segment_ids(tuple(lengths)), len(lengths))
         starts = np.cumsum([0, *lengths]).tolist()
         return float32_norms(sums.numpy().tolist(), list(lengths),
                              lambda i: x[starts[i]:starts[i + 1]].numpy())
