@@ -380,6 +380,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         "real Horovod jobs (scripts/bench_e2e.py; emulated networks need root)")
     parser.add_argument("--step-times-from", nargs="+", type=Path, default=[],
                         help="bench_e2e JSONs to take the step times from instead")
+    parser.add_argument("--merge-from", nargs="+", type=Path, default=[], metavar="JSON",
+                        help="take the curves of other runs of this script (e.g. another world "
+                             "size trained in parallel into another --out-dir) into this report")
     parser.add_argument("--validate", nargs="+", default=[], metavar="CONFIG@NET")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument("--sizes", nargs="+", type=int, default=list(WORLD_SIZES))
@@ -403,6 +406,9 @@ def main() -> None:
     def save_report() -> None:
         out_json.write_text(json.dumps(report, indent=1))
 
+    for path in args.merge_from:
+        for key, run in json.loads(path.read_text())["curves"].items():
+            report["curves"].setdefault(key, run)
     if args.curves:
         import torch
 
