@@ -494,6 +494,7 @@ def markdown(result: dict) -> str:
                 f"| {cpu} | {row['select_seconds'] * 1e3:.1f} | {row['comm_wait_seconds'] * 1e3:.1f} |")
         lines.append("")
         lines += [*breakdown_table(job), ""]
+        lines += fp16_note(job)
     if result["targets"]:
         lines += ["#### Targets", "",
                   "Verdicts follow the median; \"within noise\" where the 95% bootstrap interval "
@@ -503,6 +504,30 @@ def markdown(result: dict) -> str:
             lines.append(f"| {t['target']} | {t['figure']} | {t['verdict']} |")
         lines.append("")
     return "\n".join(lines)
+
+
+# Why Horovod's fp16 compression can lose to fp32 on these runs (see fp16_note).
+FP16_ON_GLOO = (
+    "Horovod's Gloo transport reduces float16 with Gloo's float16 type "
+    "(`GlooAlgorithms<gloo::float16>` in horovod/common/ops/gloo_operations.cc), whose sum "
+    "converts each element to float and back unless Gloo was compiled with AVX (Horovod's MPI "
+    "transport has an F16C-vectorised sum instead); on this stack an fp16 allreduce costs a rank "
+    "more CPU than an fp32 one of the same elements, so the reduction, not the link, bounds it "
+    "unless the link is slow enough, and in a training step it competes with the backward pass "
+    "for the same cores. The probe runs alone on a quiet link, where the halved bytes win.")
+
+
+def fp16_note(job: dict) -> list[str]:
+    """Where Horovod's fp16 compression stands in this job against dense, and why."""
+    ratio = job["summary"].get("fp16", {}).get("ratio_to_dense")
+    probe = job["probe"]
+    if ratio is None or "fp16_seconds_median" not in probe:
+        return []
+    probe_ratio = probe["fp16_seconds_median"] / probe["fp32_seconds_median"]
+    verdict = "faster than" if ratio["median"] < 1.0 else "no faster than"
+    return [f"fp16 is {verdict} dense in this job ({ratio['median']:.2f}x dense's step), while "
+            f"the probe's fp16 allreduce took {probe_ratio:.2f}x fp32's time with half the bytes. "
+            + FP16_ON_GLOO, ""]
 
 
 def netem_available() -> bool:
