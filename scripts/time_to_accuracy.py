@@ -381,8 +381,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--step-times-from", nargs="+", type=Path, default=[],
                         help="bench_e2e JSONs to take the step times from instead")
     parser.add_argument("--merge-from", nargs="+", type=Path, default=[], metavar="JSON",
-                        help="take the curves of other runs of this script (e.g. another world "
-                             "size trained in parallel into another --out-dir) into this report")
+                        help="take the curves and real runs of other runs of this script (e.g. "
+                             "another world size trained in parallel into another --out-dir) "
+                             "into this report")
     parser.add_argument("--validate", nargs="+", default=[], metavar="CONFIG@NET")
     parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
     parser.add_argument("--sizes", nargs="+", type=int, default=list(WORLD_SIZES))
@@ -407,8 +408,12 @@ def main() -> None:
         out_json.write_text(json.dumps(report, indent=1))
 
     for path in args.merge_from:
-        for key, run in json.loads(path.read_text())["curves"].items():
+        other = json.loads(path.read_text())
+        for key, run in other["curves"].items():
             report["curves"].setdefault(key, run)
+        known = {(v["config"], v["net"]) for v in report.get("validations", [])}
+        report.setdefault("validations", []).extend(
+            v for v in other.get("validations", []) if (v["config"], v["net"]) not in known)
     if args.curves:
         import torch
 
