@@ -10,7 +10,8 @@ same rotated block order (``block_order``); ``local`` computes the same step wit
 communication. Each block builds a fresh model from the same seed and a fresh compressor, runs
 untimed warm-up steps (the first traces the step), then ``--steps`` timed steps, each after a
 barrier; a step's time is the slowest rank's. Rank 0 prints images per second per rank and each
-configuration's ratio to dense, and writes the records to ``--out`` (JSON) when given.
+configuration's ratio to dense, and writes the records to ``--out`` (JSON) and their table, with
+the targets (seed methods at >= 0.9x dense's throughput, TopK at >= 0.7x), beside it (.md).
 
     TF_USE_LEGACY_KERAS=1 OMP_NUM_THREADS=1 horovodrun --gloo -np 2 -H localhost:2 \\
         python scripts/bench_e2e_tf_worker.py --configs dense,local,exdyna-tracking,topk
@@ -59,20 +60,24 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def build_model(args: argparse.Namespace) -> Any:
-    """The model from seed 0 on every rank (identical weights, no broadcast needed)."""
+def build_model(args: argparse.Namespace) -> tuple[Any, bool]:
+    """The model from seed 0 on every rank (identical weights, no broadcast needed), and whether
+    it outputs logits (the zoo's models) rather than probabilities (Keras's MobileNetV2)."""
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(0)
     if args.model == "mobilenetv2":
         return tf.keras.applications.MobileNetV2(
-            weights=None, input_shape=(args.image_size, args.image_size, 3), classes=args.classes)
-    import e2e_models  # the shared builders (scripts/e2e_models.py), where they exist
+            weights=None, input_shape=(args.image_size, args.image_size, 3), classes=args.classes), False
+    import e2e_models  # the shared builders (scripts/e2e_models.py)
 
-    return e2e_models.build(args.model, "tensorflow")
+    spec = e2e_models.build(args.model, "tensorflow", image_size=args.image_size)
+    if spec.kind != "image" or spec.classes != args.classes:
+        raise SystemExit(f"--model {args.model}: this worker feeds images of {args.classes} classes")
+    return spec.model, True
 
 
-def make_step(config: str, args: argparse.Namespace, model: Any) -> tuple[Any, Any]:
+def make_step(config: str, args: argparse.Namespace, model: Any, logits: bool) -> tuple[Any, Any]:
     """(the traced training step, the compressor or None) of one configuration."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
@@ -83,7 +88,7 @@ def make_step(config: str, args: argparse.Namespace, model: Any) -> tuple[Any, A
     method, options, kernels = resolve(config)
     hvd_sparse.set_kernels(kernels)
     opt = tf.keras.optimizers.SGD(0.01)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=False)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=logits)
     compression = None
     if method == "horovod":
         wrap = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[options["compression"]]
@@ -115,8 +120,8 @@ def run_block(config: str, args: argparse.Namespace, data: tuple) -> dict:
     import horovod.tensorflow as hvd
     import tensorflow as tf
 
-    model = build_model(args)
-    step, compression = make_step(config, args, model)
+    model, logits = build_model(args)
+    step, compression = make_step(config, args, model, logits)
     for _ in range(args.warmup):
         step(*data).numpy()
     seconds = []
@@ -154,6 +159,35 @@ def report(merged: list[dict], configs: list[str], batch: int) -> list[str]:
     return lines
 
 
+SEEDS = ("exdyna-tracking", "micro", "deft", "lags")
+TARGETS = {**dict.fromkeys(SEEDS, 0.9), "topk": 0.7, "topk-model": 0.7}   # x dense's img/s
+
+
+def markdown(merged: list[dict], configs: list[str], args: argparse.Namespace, size: int) -> str:
+    """The job's table: img/s per rank (median over timed steps) and the ratio to dense's
+    throughput within each repeat (median), with the issue's targets met or not."""
+    def rate(records: list[dict]) -> float:
+        return args.batch / statistics.median([s for r in records for s in r["seconds"]])
+
+    dense = {r["repeat"]: rate([r]) for r in merged if r["config"] == "dense"}
+    lines = [f"TensorFlow, {args.model} at {args.image_size} px, batch {args.batch}/rank, {size} "
+             f"ranks, Gloo loopback, density {args.density:g}; {args.repeats} repeats x {args.steps} "
+             "timed steps per configuration (blocks, rotated order).", "",
+             "| config | img/s per rank | x dense (median of repeats) | target | traces |",
+             "|---|---|---|---|---|"]
+    for config in configs:
+        records = [r for r in merged if r["config"] == config]
+        ratios = [rate([r]) / dense[r["repeat"]] for r in records if r["repeat"] in dense]
+        ratio = statistics.median(ratios) if ratios else None
+        target = TARGETS.get(config)
+        verdict = "" if target is None or ratio is None else (
+            f"{'met' if ratio >= target else 'NOT met'} (>= {target:g}x)")
+        lines.append(f"| {config} | {rate(records):.2f} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {verdict} | "
+                     f"{max(r['traces'] for r in records)} |")
+    return "\n".join(lines) + "\n"
+
+
 def main() -> None:
     """Measure every configuration on this rank; rank 0 prints and writes the merged records."""
     args = build_parser().parse_args()
@@ -183,6 +217,8 @@ def main() -> None:
             with open(args.out, "w") as f:
                 json.dump({"model": args.model, "image_size": args.image_size, "batch_per_rank": args.batch,
                            "size": hvd.size(), "density": args.density, "records": merged}, f, indent=1)
+            with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
+                f.write(markdown(merged, configs, args, hvd.size()))
 
 
 if __name__ == "__main__":
