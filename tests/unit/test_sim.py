@@ -16,13 +16,7 @@ from hvd_sparse.sim import RECORD_FIELDS, simulate  # noqa: E402
 from hvd_sparse.sim.__main__ import main, parse_options, parse_value  # noqa: E402
 from hvd_sparse.sim.tasks import CHARSET, TASKS, UNKNOWN, VOCAB, encode, english_text, split_text  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def run_cli(tmp_path, *args: str) -> dict:

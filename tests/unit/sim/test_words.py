@@ -11,13 +11,7 @@ torch = pytest.importorskip("torch")
 from hvd_sparse.sim import simulate, words  # noqa: E402
 from hvd_sparse.sim.tasks import TASKS, WordLSTM, task_info, word_lstm_model  # noqa: E402
 
-
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
