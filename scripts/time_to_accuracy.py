@@ -243,9 +243,11 @@ def compose(report: dict) -> dict:
 
 
 def best_variant(rows: dict, method: str) -> tuple[str, float]:
-    """The faster of ``method`` and ``method+corr`` (speedup 0 when neither reaches the target)."""
-    options = [(name, rows.get(name, {}).get("speedup", 0.0)) for name in (method, f"{method}+corr")]
-    return max(options, key=lambda item: item[1])
+    """The faster of ``method`` and ``method+corr`` that has a curve (speedup 0 when it does not
+    reach the target); the name says "(no curve)" when neither has one."""
+    options = [(name, rows[name].get("speedup", 0.0)) for name in (method, f"{method}+corr")
+               if name in rows]
+    return max(options, key=lambda item: item[1]) if options else (f"{method} (no curve)", 0.0)
 
 
 def judge(table: dict) -> list[dict]:
