@@ -48,6 +48,24 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "python scripts/bench_e2e.py --models mlp25m --nets 1gbit --sizes 2 --configs "
      "dense,exdyna-tracking,exdyna-tracking@ref,topk,topk@ref,deft,deft@ref,lags,lags@ref "
      "--repeats 5 --steps 3 --sparse-warmup 8 --out bench/e2e-kernels"),
+    ("e2e-phases.md", "End to end: where the step's time goes (mlp25m, 1 Gbit/s, 2 ranks)",
+     "python scripts/bench_e2e.py --models mlp25m --nets 1gbit --sizes 2 --configs "
+     "dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,dgc --repeats 5 --steps 3 "
+     "--sparse-warmup 8 --out bench/e2e-phases  (root: network namespaces)"),
+    ("e2e-models.md", "End to end on a standard architecture (ResNet-18, loopback)",
+     "python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 64 "
+     "--rounds 20 --out bench/e2e-models; the same with --models resnet50 gpt --nets 1gbit "
+     "(root) into bench/e2e-models-1gbit"),
+    ("e2e-models-1gbit.md", "End to end on standard architectures at 1 Gbit/s (ResNet-50, GPT)",
+     "python scripts/bench_e2e.py --models resnet50 gpt --nets 1gbit --sizes 2 --image-size 64 "
+     "--repeats 3 --out bench/e2e-models-1gbit  (root: network namespaces)"),
+    ("e2e-tf.md", "End to end in TensorFlow (MobileNetV2, 2 ranks, loopback)",
+     "horovodrun --gloo -np 2 -H localhost:2 python scripts/bench_e2e_tf_worker.py --configs "
+     "dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model --repeats 3 "
+     "--out bench/e2e-tf.json"),
+    ("time-to-accuracy/tta.md", "Time to accuracy (word-level LSTM)",
+     "python scripts/time_to_accuracy.py --curves --sizes 2; --step-times (root); "
+     "--validate exdyna-tracking@1gbit (root); see the script's docstring"),
     ("ddp.md", "DDP communication hooks on loopback (torchrun)",
      "python scripts/bench_ddp.py --model mlp7m --repeats 5 --steps 10 --warmup 10 --out-dir bench"),
     ("ddp-1gbit/ddp.md", "DDP communication hooks at 1 Gbit/s, beside the Horovod face",
