@@ -27,9 +27,10 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from convergence import RECIPE
 from e2e_models import MODELS, build
 from e2e_phases import TimedCompression, rank_phases, slowest_rank_phases, timed_sgd
+
+from hvd_sparse.algorithms.corrections import RECOMMENDED
 
 # name -> (registry method or a Horovod compression, options). "local" trains without any
 # communication: the computation's own cost, measured under the same CPU contention.
@@ -48,11 +49,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "dgc": ("dgc", {}),
     "local": ("local", {}),
 }
-# "<method>+corr": the method with the recommended corrections (scripts/convergence.py's RECIPE) in
-# their steady state: the momentum correction and dense small tensors; the warm-up's steps, denser
+# "<method>+corr": the method with the recommended corrections (corrections.RECOMMENDED) in their
+# steady state: the momentum correction and dense small tensors; the warm-up's steps, denser
 # than the rest, are left out (time_to_accuracy.py charges them at dense's step time).
 CORRECTED = ("exdyna-tracking", "micro", "deft", "lags", "topk", "dgc")
-STEADY_RECIPE = {key: value for key, value in RECIPE.items() if key != "warmup_steps"}
+STEADY_RECIPE = {key: value for key, value in RECOMMENDED.items() if key != "warmup_steps"}
 CONFIGS.update({f"{name}+corr": (CONFIGS[name][0], {**CONFIGS[name][1], **STEADY_RECIPE})
                 for name in CORRECTED})
 

@@ -73,6 +73,7 @@ import torch
 from results import output_dir, pyplot, save
 
 import hvd_sparse.sim as sim_module
+from hvd_sparse.algorithms.corrections import RECOMMENDED
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.comm.protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS
 from hvd_sparse.engine.patterns import ITEMSIZE
@@ -101,7 +102,7 @@ TRACKING = {"threshold_scaling": "tracking"}
 # averaged densely. Without the dense small tensors a warm-up left 1 of 3 digits seeds at chance
 # (the same with a 50-step warm-up); the warm-up is what the char-LSTM gains most from. All three
 # cost exchange: see the quality-against-exchange table, which shows each lever's price.
-RECIPE = {"momentum": 0.9, "nesterov": True, "warmup_steps": 200, "dense_below": 1024}
+RECIPE = dict(RECOMMENDED)
 # Each correction alone, on ExDyna tracking (the recipe's value; dense_steps is not in it).
 LEVERS = {
     "momentum": {"momentum": 0.9, "nesterov": True},
