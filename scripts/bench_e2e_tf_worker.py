@@ -1,23 +1,27 @@
-"""One rank of the TensorFlow end-to-end benchmark (one process per rank, under horovodrun).
+"""One rank of the TensorFlow end-to-end benchmark (started by scripts/bench_e2e.py with
+``--framework tensorflow``, one process per rank; or by hand under horovodrun).
 
 The TensorFlow twin of scripts/bench_e2e_worker.py, shaped like Horovod's
-``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``: a tf-keras model on synthetic images,
+``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``: a tf-keras model on synthetic data,
 one ``tf.function`` step that opens a ``GradientTape``, wraps it in a distributed tape
 (``hvd.DistributedGradientTape`` for dense and fp16, ``hvd_sparse.tensorflow.DistributedGradientTape``
 -- every gradient in one Horovod group -- for the sparsifiers) and applies the averaged gradients.
-Every configuration of the PyTorch worker's ``CONFIGS`` runs in the one job, side by side, in the
-same rotated block order (``block_order``); ``local`` computes the same step without any
-communication. Each block builds a fresh model from the same seed and a fresh compressor, runs
-untimed warm-up steps (the first traces the step), then ``--steps`` timed steps, each after a
-barrier; a step's time is the slowest rank's. Rank 0 prints images per second per rank and each
-configuration's ratio to dense, and writes the records to ``--out`` (JSON) and their table, with
-the targets (seed methods at >= 0.9x dense's throughput, TopK at >= 0.7x), beside it (.md).
+Every configuration of the PyTorch worker's ``CONFIGS`` (and ``topk-model``: top-k over the whole
+model) runs in the one job, on the same schedules: ``blocks`` (per repeat each configuration in
+turn, built afresh, in ``block_order``) or ``interleaved`` (every configuration alive, one timed
+step each per round). ``local`` computes the same step without any communication. A timed step
+starts after a barrier and ends when the step's loss is on the host; the job's step time is the
+slowest rank's. A raw Horovod allreduce (``--probe-mb``, fp32 and fp16) measures the network first.
+
+Rank 0 writes the job in the PyTorch worker's format (``--out``, JSON: settings, probe, one merged
+record per configuration and visit), which bench_e2e.py summarises into the same tables, with the
+TensorFlow targets (seed methods at >= 0.9x dense's throughput, TopK at >= 0.7x, on loopback).
 
     TF_USE_LEGACY_KERAS=1 OMP_NUM_THREADS=1 horovodrun --gloo -np 2 -H localhost:2 \\
-        python scripts/bench_e2e_tf_worker.py --configs dense,local,exdyna-tracking,topk
+        python scripts/bench_e2e_tf_worker.py --configs dense,local,exdyna-tracking,topk --out r.json
 
-Models: ``mobilenetv2`` (tf.keras.applications, weights=None), or any name that
-scripts/e2e_models.py's ``build(name, "tensorflow")`` knows, where that module exists.
+Models: ``mobilenetv2`` (tf.keras.applications, weights=None, 1000 classes, like Horovod's
+script), or any model of scripts/e2e_models.py (``build(name, "tensorflow")``).
 """
 
 from __future__ import annotations
@@ -25,13 +29,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import statistics
 import time
 from typing import Any
 
-from bench_e2e_worker import block_order
+from bench_e2e_worker import STAT_KEYS, bandwidth_probe, block_order
 from bench_e2e_worker import resolve as resolve_shared
+from e2e_models import MODELS, build, describe
 
+MOBILENET = "mobilenetv2"
+MOBILENET_SIZE = 128   # the default image side of MobileNetV2 here (Horovod's script uses 224)
 # Beside the shared configurations: top-k over the whole model (one bucket; "topk" is per tensor).
 TF_CONFIGS: dict[str, tuple[str, dict]] = {"topk-model": ("topk", {"scope": "model"})}
 
@@ -44,181 +52,227 @@ def resolve(config: str) -> tuple[str, dict, str]:
     return resolve_shared(config)
 
 
+def known(config: str) -> bool:
+    try:
+        resolve(config)
+    except KeyError:
+        return False
+    return True
+
+
 def build_parser() -> argparse.ArgumentParser:
-    """The worker's command line."""
+    """The worker's command line (bench_e2e.py builds it)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", default="mobilenetv2")
-    parser.add_argument("--image-size", type=int, default=128)
-    parser.add_argument("--classes", type=int, default=1000)
-    parser.add_argument("--batch", type=int, default=8, help="images per rank per step")
+    parser.add_argument("--model", choices=(MOBILENET, *MODELS), default=MOBILENET)
+    parser.add_argument("--image-size", type=int, default=None,
+                        help=f"image side (default: the zoo model's; {MOBILENET_SIZE} for MobileNetV2)")
+    parser.add_argument("--batch", type=int, default=8, help="samples per rank per step")
     parser.add_argument("--configs", default="dense,fp16,local,exdyna-tracking,micro,deft,lags,topk")
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=2)
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps (the first traces)")
+    parser.add_argument("--sparse-warmup", type=int, default=8,
+                        help="untimed steps of a sparsifier (the first traces; thresholds settle)")
     parser.add_argument("--steps", type=int, default=5)
-    parser.add_argument("--out", default=None)
+    parser.add_argument("--stat-steps", type=int, default=1,
+                        help="untimed steps after the timed ones, each followed by stats()")
+    parser.add_argument("--schedule", choices=("blocks", "interleaved"), default="blocks")
+    parser.add_argument("--probe-mb", type=float, default=32.0)
+    parser.add_argument("--out", default=None, help="the job's JSON (rank 0)")
     return parser
 
 
-def build_model(args: argparse.Namespace) -> tuple[Any, bool]:
-    """The model from seed 0 on every rank (identical weights, no broadcast needed), and whether
-    it outputs logits (the zoo's models) rather than probabilities (Keras's MobileNetV2)."""
+def model_spec(args: argparse.Namespace, with_model: bool = False):
+    """The zoo's ``ModelSpec`` (MobileNetV2: an image spec of 1000 classes at its side), with the
+    model from seed 0 on every rank (identical weights, no broadcast) when asked."""
     import tensorflow as tf
 
-    tf.keras.utils.set_random_seed(0)
-    if args.model == "mobilenetv2":
-        return tf.keras.applications.MobileNetV2(
-            weights=None, input_shape=(args.image_size, args.image_size, 3), classes=args.classes), False
-    import e2e_models  # the shared builders (scripts/e2e_models.py)
-
-    spec = e2e_models.build(args.model, "tensorflow", image_size=args.image_size)
-    if spec.kind != "image" or spec.classes != args.classes:
-        raise SystemExit(f"--model {args.model}: this worker feeds images of {args.classes} classes")
-    return spec.model, True
-
-
-def make_step(config: str, args: argparse.Namespace, model: Any, logits: bool) -> tuple[Any, Any]:
-    """(the traced training step, the compressor or None) of one configuration."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
-    import hvd_sparse
-    import hvd_sparse.tensorflow as hs
-
-    method, options, kernels = resolve(config)
-    hvd_sparse.set_kernels(kernels)
-    opt = tf.keras.optimizers.SGD(0.01)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=logits)
-    compression = None
-    if method == "horovod":
-        wrap = {"none": hvd.Compression.none, "fp16": hvd.Compression.fp16}[options["compression"]]
-
-        def distribute(tape):
-            return hvd.DistributedGradientTape(tape, compression=wrap)
-    elif method == "local":
-        def distribute(tape):
-            return tape
-    else:
-        compression = hs.SparseCompressor(hvd_sparse.create(method, density=args.density, **options))
-
-        def distribute(tape):
-            return hs.DistributedGradientTape(tape, compression)
-
-    @tf.function
-    def step(images, labels):
-        with tf.GradientTape() as tape:
-            loss = loss_fn(labels, model(images, training=True))
-        grads = distribute(tape).gradient(loss, model.trainable_variables)
-        opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
-        return loss
-
-    return step, compression
+    if args.model != MOBILENET:
+        return build(args.model, "tensorflow", image_size=args.image_size, with_model=with_model)
+    spec = describe("resnet18", "tensorflow", image_size=args.image_size or MOBILENET_SIZE)
+    spec.name = MOBILENET
+    if with_model:
+        tf.keras.utils.set_random_seed(0)
+        spec.model = tf.keras.applications.MobileNetV2(
+            weights=None, input_shape=spec.input_shape, classes=spec.classes,
+            classifier_activation=None)   # logits, like the zoo's models
+    return spec
 
 
-def run_block(config: str, args: argparse.Namespace, data: tuple) -> dict:
-    """Warm-up and timed steps of one configuration, built afresh; this rank's step seconds."""
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
+class Trainer:
+    """One configuration: a fresh model, plain SGD and its distributed tape in a traced step."""
 
-    model, logits = build_model(args)
-    step, compression = make_step(config, args, model, logits)
-    for _ in range(args.warmup):
-        step(*data).numpy()
+    def __init__(self, config: str, args: argparse.Namespace, hvd: Any, tf: Any, hvd_sparse: Any):
+        import hvd_sparse.tensorflow as hs
+
+        method, options, self.kernels = resolve(config)
+        self.config, self.method, self.hvd_sparse = config, method, hvd_sparse
+        spec = model_spec(args, with_model=True)
+        model = spec.model
+        self.numel = int(sum(v.shape.num_elements() for v in model.trainable_variables))
+        opt = tf.keras.optimizers.SGD(0.01)
+        self.compression = None
+        if method == "horovod":
+            wrap = getattr(hvd.Compression, options["compression"])
+
+            def distribute(tape):
+                return hvd.DistributedGradientTape(tape, compression=wrap)
+        elif method == "local":
+            def distribute(tape):
+                return tape
+        else:
+            self.compression = hs.SparseCompressor(
+                hvd_sparse.create(method, density=args.density, **options))
+
+            def distribute(tape):
+                return hs.DistributedGradientTape(tape, self.compression)
+
+        @tf.function
+        def step(x, y):
+            with tf.GradientTape() as tape:
+                loss = spec.loss(model(x, training=True), y)
+            grads = distribute(tape).gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables, strict=True))
+            return loss
+
+        self._step = step
+        self.warmup = args.warmup if method in ("horovod", "local") else args.sparse_warmup
+
+    def step(self, x: Any, y: Any) -> float:
+        """One training step, until its loss is on the host; seconds."""
+        self.hvd_sparse.set_kernels(self.kernels)   # configurations may take turns step by step
+        began = time.perf_counter()
+        self._step(x, y).numpy()
+        return time.perf_counter() - began
+
+    def record(self, repeat: int, seconds: list[float], batches: list, stat_steps: int) -> dict:
+        """This rank's record of a visit; statistics from ``stat_steps`` further untimed steps."""
+        stats = dict.fromkeys(STAT_KEYS, 0.0)
+        if self.compression is not None:
+            for i in range(stat_steps):
+                self.step(*batches[i % len(batches)])
+                current = self.compression.stats()
+                for key in STAT_KEYS:
+                    stats[key] += float(current.get(key, 0.0)) / stat_steps
+        elif self.method == "horovod":
+            itemsize = 2 if resolve(self.config)[1]["compression"] == "fp16" else 4
+            stats.update(density_actual=1.0, buildup=1.0, bytes_sent=self.numel * itemsize,
+                         bytes_received=self.numel * itemsize)
+        return {"config": self.config, "repeat": repeat, "numel": self.numel, "seconds": seconds,
+                "traces": self._step.experimental_get_tracing_count(), **stats}
+
+
+def timed_steps(trainer: Trainer, batches: list, count: int, first: int, hvd: Any, tf: Any) -> list[float]:
+    """``count`` timed steps, each after a barrier (the ranks start aligned)."""
     seconds = []
-    for _ in range(args.steps):
-        hvd.allreduce(tf.zeros([1]), name="tf_e2e.barrier").numpy()  # ranks start aligned
-        started = time.perf_counter()
-        step(*data).numpy()
-        seconds.append(time.perf_counter() - started)
-    stats = compression.stats() if compression is not None else {}
-    traces = step.experimental_get_tracing_count()
-    return {"config": config, "seconds": seconds, "traces": traces,
-            "density_actual": stats.get("density_actual"),
-            "numel": int(sum(v.shape.num_elements() for v in model.trainable_variables))}
+    for i in range(count):
+        hvd.allreduce(tf.zeros([1]), name="tf_e2e.barrier").numpy()
+        seconds.append(trainer.step(*batches[(first + i) % len(batches)]))
+    return seconds
+
+
+def run_blocks(args, configs, batches, hvd, tf, hvd_sparse) -> list[dict]:
+    """Per repeat, each configuration in turn, built afresh, warmed up, then timed."""
+    records = []
+    for repeat in range(args.repeats):
+        for config in block_order(configs, repeat):
+            trainer = Trainer(config, args, hvd, tf, hvd_sparse)
+            for i in range(trainer.warmup):
+                trainer.step(*batches[i % len(batches)])
+            seconds = timed_steps(trainer, batches, args.steps, 0, hvd, tf)
+            records.append(trainer.record(repeat, seconds, batches, args.stat_steps))
+            if hvd.rank() == 0:
+                print(f"[tf-e2e] repeat {repeat} {config}: "
+                      f"{statistics.median(seconds) * 1e3:.0f} ms/step", flush=True)
+    return records
+
+
+def run_interleaved(args, configs, batches, hvd, tf, hvd_sparse) -> list[dict]:
+    """Every configuration alive; one timed step of each per round (``--repeats`` rounds)."""
+    trainers = {config: Trainer(config, args, hvd, tf, hvd_sparse) for config in configs}
+    for trainer in trainers.values():
+        for i in range(trainer.warmup):
+            trainer.step(*batches[i % len(batches)])
+    timed: dict[str, list[tuple[int, float]]] = {config: [] for config in configs}
+    for repeat in range(args.repeats):
+        for config in block_order(configs, repeat):
+            timed[config].append((repeat, timed_steps(trainers[config], batches, 1, repeat, hvd, tf)[0]))
+        if hvd.rank() == 0 and repeat % 5 == 4:
+            print(f"[tf-e2e] round {repeat + 1}/{args.repeats}", flush=True)
+    records = []
+    for config, trainer in trainers.items():
+        stats = trainer.record(0, [], batches, args.stat_steps)
+        records += [{**stats, "repeat": repeat, "seconds": [s]} for repeat, s in timed[config]]
+    return records
 
 
 def merge(per_rank: list[list[dict]]) -> list[dict]:
-    """One record per block: each timed step's slowest rank."""
+    """One record per visit: each timed step's slowest rank, the visit's step time their mean;
+    statistics averaged over ranks."""
     merged = []
-    for blocks in zip(*per_rank, strict=True):
-        slowest = [max(s) for s in zip(*(b["seconds"] for b in blocks), strict=True)]
-        merged.append({**blocks[0], "seconds": slowest, "rank_seconds": [b["seconds"] for b in blocks]})
+    for records in zip(*per_rank, strict=True):
+        step_times = [max(s) for s in zip(*(r["seconds"] for r in records), strict=True)]
+        out = {key: records[0][key] for key in ("config", "repeat", "numel")}
+        out.update(step_seconds=statistics.fmean(step_times), step_times=step_times,
+                   traces=max(r["traces"] for r in records))
+        for key in STAT_KEYS:
+            out[key] = statistics.fmean(r[key] for r in records)
+        merged.append(out)
     return merged
 
 
-def report(merged: list[dict], configs: list[str], batch: int) -> list[str]:
-    """Lines: images per second per rank (median over every timed step), and the ratio to dense."""
-    rates = {c: batch / statistics.median([s for r in merged if r["config"] == c for s in r["seconds"]])
-             for c in configs}
-    dense = rates.get("dense")
-    lines = []
-    for config, rate in rates.items():
-        ratio = f"  {rate / dense:5.2f}x dense" if dense else ""
-        traces = max(r["traces"] for r in merged if r["config"] == config)
-        lines.append(f"[tf-e2e] {config:<20} {rate:7.2f} img/s per rank{ratio}  (traces {traces})")
-    return lines
+def tf_probe(hvd: Any, tf: Any, megabytes: float, size: int) -> dict:
+    """bench_e2e_worker's bandwidth probe through Horovod's TensorFlow allreduce."""
+    def allreduce(numel: int, label: str, i: int) -> None:
+        dtype = tf.float32 if label == "fp32" else tf.float16
+        hvd.allreduce(tf.ones([numel], dtype=dtype), name=f"tf_e2e.probe.{label}.{i}", op=hvd.Sum).numpy()
 
+    def barrier() -> None:
+        hvd.allreduce(tf.zeros([1]), name="tf_e2e.barrier").numpy()
 
-SEEDS = ("exdyna-tracking", "micro", "deft", "lags")
-TARGETS = {**dict.fromkeys(SEEDS, 0.9), "topk": 0.7, "topk-model": 0.7}   # x dense's img/s
-
-
-def markdown(merged: list[dict], configs: list[str], args: argparse.Namespace, size: int) -> str:
-    """The job's table: img/s per rank (median over timed steps) and the ratio to dense's
-    throughput within each repeat (median), with the issue's targets met or not."""
-    def rate(records: list[dict]) -> float:
-        return args.batch / statistics.median([s for r in records for s in r["seconds"]])
-
-    dense = {r["repeat"]: rate([r]) for r in merged if r["config"] == "dense"}
-    lines = [f"TensorFlow, {args.model} at {args.image_size} px, batch {args.batch}/rank, {size} "
-             f"ranks, Gloo loopback, density {args.density:g}; {args.repeats} repeats x {args.steps} "
-             "timed steps per configuration (blocks, rotated order).", "",
-             "| config | img/s per rank | x dense (median of repeats) | target | traces |",
-             "|---|---|---|---|---|"]
-    for config in configs:
-        records = [r for r in merged if r["config"] == config]
-        ratios = [rate([r]) / dense[r["repeat"]] for r in records if r["repeat"] in dense]
-        ratio = statistics.median(ratios) if ratios else None
-        target = TARGETS.get(config)
-        verdict = "" if target is None or ratio is None else (
-            f"{'met' if ratio >= target else 'NOT met'} (>= {target:g}x)")
-        lines.append(f"| {config} | {rate(records):.2f} | "
-                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {verdict} | "
-                     f"{max(r['traces'] for r in records)} |")
-    return "\n".join(lines) + "\n"
+    return bandwidth_probe(allreduce, barrier, megabytes, size)
 
 
 def main() -> None:
     """Measure every configuration on this rank; rank 0 prints and writes the merged records."""
     args = build_parser().parse_args()
+    os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
     import horovod.tensorflow as hvd
     import tensorflow as tf
+
+    import hvd_sparse
 
     tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
     configs = args.configs.split(",")
+    unknown = [c for c in configs if not known(c)]
+    if unknown:
+        raise SystemExit(f"unknown configurations {unknown}")
+    probe = tf_probe(hvd, tf, args.probe_mb, hvd.size())
+    spec = model_spec(args)
+    generator = spec.generator(1000 + hvd.rank())
+    batches = [spec.make_batch(args.batch, generator) for _ in range(4)]
+    run = run_blocks if args.schedule == "blocks" else run_interleaved
+    merged = merge(hvd.allgather_object(run(args, configs, batches, hvd, tf, hvd_sparse)))
+    if hvd.rank() != 0:
+        return
     for config in configs:
-        resolve(config)  # KeyError before any work for a name that is not a configuration
-    rng = tf.random.Generator.from_seed(1000 + hvd.rank())
-    data = (rng.uniform([args.batch, args.image_size, args.image_size, 3]),
-            rng.uniform([args.batch], maxval=args.classes, dtype=tf.int64))
-    records = []
-    for repeat in range(args.repeats):
-        for config in block_order(configs, repeat):
-            records.append({**run_block(config, args, data), "repeat": repeat})
-            if hvd.rank() == 0:
-                print(f"[tf-e2e] repeat {repeat} {config}: "
-                      f"{statistics.median(records[-1]['seconds']) * 1e3:.0f} ms/step", flush=True)
-    merged = merge(hvd.allgather_object(records))
-    if hvd.rank() == 0:
-        print("\n".join(report(merged, configs, args.batch)), flush=True)
-        if args.out:
-            with open(args.out, "w") as f:
-                json.dump({"model": args.model, "image_size": args.image_size, "batch_per_rank": args.batch,
-                           "size": hvd.size(), "density": args.density, "records": merged}, f, indent=1)
-            with open(os.path.splitext(args.out)[0] + ".md", "w") as f:
-                f.write(markdown(merged, configs, args, hvd.size()))
+        step = statistics.median(s for r in merged if r["config"] == config for s in r["step_times"])
+        print(f"[tf-e2e] {config:<22} {spec.items(args.batch) / step:9.1f} {spec.unit} per rank", flush=True)
+    if args.out:
+        job = {"framework": "tensorflow", "model": args.model, "numel": merged[0]["numel"],
+               "input_shape": list(spec.input_shape), "unit": spec.unit,
+               "items_per_sample": spec.items_per_sample, "batch_per_rank": args.batch,
+               "size": hvd.size(), "density": args.density, "schedule": args.schedule,
+               "repeats": args.repeats, "warmup": args.warmup, "sparse_warmup": args.sparse_warmup,
+               "steps": args.steps if args.schedule == "blocks" else 1,
+               "stat_steps": args.stat_steps, "configs": configs, "probe": probe, "records": merged,
+               "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
+                                                           "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
+               "tensorflow": tf.__version__, "python": platform.python_version()}
+        with open(args.out, "w") as f:
+            json.dump(job, f, indent=1)
 
 
 if __name__ == "__main__":

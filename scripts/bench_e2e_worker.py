@@ -226,7 +226,7 @@ def main() -> None:
         raise SystemExit(f"unknown configurations {unknown}; known: {', '.join(CONFIGS)}, and "
                          f"any sparsifier with {REFERENCE} (kernels off)")
 
-    probe = bandwidth_probe(hvd, torch, args.probe_mb, size)
+    probe = torch_probe(hvd, torch, args.probe_mb, size)
 
     spec = build_model(args.model, args.image_size, with_model=False)
     generator = spec.generator(1000 + rank)
@@ -342,20 +342,21 @@ def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
     return merged
 
 
-def bandwidth_probe(hvd, torch, megabytes: float, size: int) -> dict:
+def bandwidth_probe(allreduce: Any, barrier: Any, megabytes: float, size: int) -> dict:
     """Time raw Horovod allreduces of ``megabytes`` MB of fp32 (median of 3 after one untimed):
     the bus bandwidth (bytes x 2(N-1)/N / time, what each rank's link carries each way in a ring)
     shows whether the emulated network gives what it was set to. The same element count in fp16
-    shows what Horovod's fp16 compression gains or costs on this transport."""
+    shows what Horovod's fp16 compression gains or costs on this transport. ``allreduce(numel,
+    label, i)`` sums ``numel`` ones of dtype ``label`` ("fp32", "fp16") over the ranks and waits
+    for it (a framework's own Horovod call); ``barrier()`` aligns the ranks."""
     numel = max(1, int(megabytes * 1e6 / 4))
     out: dict = {"bytes": numel * 4}
-    for dtype, label in ((torch.float32, "fp32"), (torch.float16, "fp16")):
-        tensor = torch.ones(numel, dtype=dtype)
+    for label in ("fp32", "fp16"):
         times = []
         for i in range(4):
-            hvd.barrier()
+            barrier()
             began = time.perf_counter()
-            hvd.allreduce(tensor, name=f"e2e.probe.{label}.{i}", op=hvd.Sum)
+            allreduce(numel, label, i)
             times.append(time.perf_counter() - began)
         out[f"{label}_seconds"] = times[1:]
         out[f"{label}_seconds_median"] = statistics.median(times[1:])
@@ -363,6 +364,15 @@ def bandwidth_probe(hvd, torch, megabytes: float, size: int) -> dict:
     out["bus_gbit_s_median"] = bus_bits / out["fp32_seconds_median"] / 1e9
     out["bus_gbit_s_best"] = bus_bits / min(out["fp32_seconds"]) / 1e9
     return out
+
+
+def torch_probe(hvd, torch, megabytes: float, size: int) -> dict:
+    """The bandwidth probe through Horovod's PyTorch allreduce."""
+    def allreduce(numel: int, label: str, i: int) -> None:
+        dtype = torch.float32 if label == "fp32" else torch.float16
+        hvd.allreduce(torch.ones(numel, dtype=dtype), name=f"e2e.probe.{label}.{i}", op=hvd.Sum)
+
+    return bandwidth_probe(allreduce, hvd.barrier, megabytes, size)
 
 
 if __name__ == "__main__":

@@ -198,7 +198,7 @@ def load_step_times(paths: list[Path]) -> dict:
     times: dict = {}
     for path in paths:
         for job in json.loads(path.read_text())["jobs"]:
-            if job.get("model") != E2E_MODEL:
+            if job.get("model") != E2E_MODEL or job.get("framework", "torch") != "torch":
                 continue
             rows = {c: row["step_seconds"]["median"] for c, row in job["summary"].items()}
             times.setdefault(job["net"], {})[str(job["size"])] = rows

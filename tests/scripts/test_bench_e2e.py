@@ -106,6 +106,30 @@ def test_kernel_targets():
     assert "paired visits" in targets["topk", "topk@ref"]["figure"]
 
 
+def test_overhead_targets_on_loopback():
+    # PyTorch's ResNet-18: no configuration with the kernels on above 1.1x dense's step.
+    resnet = job_with({"dense": [1.0] * 3, "exdyna-tracking": [1.05] * 3, "micro": [1.2] * 3,
+                       "topk@ref": [2.0] * 3, "fp16": [1.5] * 3, "local": [0.9] * 3},
+                      model="resnet18", net="loopback", size=2)
+    # TensorFlow: throughput (the inverse of the step ratio) against 0.9x for seeds, 0.7x top-k.
+    tf = job_with({"dense": [1.0] * 3, "exdyna-tracking": [1.1] * 3, "lags": [1.2] * 3,
+                   "topk": [1.4] * 3}, model="mobilenetv2", net="loopback", size=2,
+                  framework="tensorflow")
+    slow_net = job_with({"dense": [1.0], "micro": [2.0]}, model="resnet18", net="1gbit", size=2)
+    targets = {(t["config"], t["target"].split("(")[1].split(",")[0]): t
+               for t in bench_e2e.evaluate_targets([resnet, tf, slow_net]) if t["kind"] == "overhead"}
+    assert set(targets) == {("exdyna-tracking", "torch"), ("micro", "torch"),
+                            ("exdyna-tracking", "tensorflow"), ("lags", "tensorflow"),
+                            ("topk", "tensorflow")}
+    assert targets["exdyna-tracking", "torch"]["met"] and not targets["micro", "torch"]["met"]
+    assert targets["exdyna-tracking", "tensorflow"]["met"]          # 1 / 1.1 = 0.91x dense
+    assert not targets["lags", "tensorflow"]["met"]                 # 0.83x
+    assert targets["topk", "tensorflow"]["met"]                     # 0.71x
+    assert "0.714× dense's throughput" in targets["topk", "tensorflow"]["figure"]
+    # TensorFlow jobs take no part in the PyTorch-only targets (kernels, phases).
+    assert all(t["kind"] == "overhead" for t in bench_e2e.evaluate_targets([tf]))
+
+
 def test_reference_configurations_resolve():
     assert bench_e2e_worker.resolve("deft@ref") == ("deft", {}, "off")
     assert bench_e2e_worker.resolve("deft")[2] == "auto"
