@@ -52,8 +52,12 @@ def finish(label, model, compressor):
           flush=True)
 
 
-def run_tape(scope: str, pattern: str, graph: bool) -> None:
-    label = f"tf/tape-{'function' if graph else 'eager'}/{scope}/{pattern}"
+def run_tape(scope: str, pattern: str, graph: bool, stock: bool = False) -> None:
+    """``stock``: Horovod's own tape with its default grouping (each gradient in its own
+    ``tf.cond``, so a per-tensor step builds its phases alone); else hvd_sparse's tape (one
+    group: every gradient's phase p in one py_function)."""
+    label = f"tf/{'stock-' if stock else ''}tape-{'function' if graph else 'eager'}/{scope}/{pattern}"
+    make_tape = hvd.DistributedGradientTape if stock else hs.DistributedGradientTape
     model = make_model()
     variables = model.trainable_variables
     optimizer = tf.keras.optimizers.SGD(0.1)
@@ -63,7 +67,7 @@ def run_tape(scope: str, pattern: str, graph: bool) -> None:
         with tf.GradientTape(persistent=True) as tape:
             loss = LOSS(y, model(x, training=True))
         raw = tape.gradient(loss, variables)
-        applied = hs.DistributedGradientTape(tape, compression=compressor).gradient(loss, variables)
+        applied = make_tape(tape, compression=compressor).gradient(loss, variables)
         optimizer.apply_gradients(zip(applied, variables, strict=True))
         return raw, applied
 
@@ -102,6 +106,7 @@ def main() -> None:
     for scope, pattern in [("tensor", "gather"), ("tensor", "union"), ("model", "gather"),
                            ("model", "union")]:
         run_tape(scope, pattern, graph=True)
+    run_tape("tensor", "gather", graph=True, stock=True)
     run_tape("tensor", "gather", graph=False)
     run_keras("tensor", "gather")
     run_keras("model", "union")
