@@ -138,6 +138,22 @@ def test_selection_targets_are_judged_by_the_benchmark_itself():
     assert bench_select.judge(result)[-1]["met"]
 
 
+def test_tensorflow_rows_are_judged_against_their_own_limits():
+    """The TF backend's rows: ExDyna and MiCRO within 2x the floor, the top-k family within 4x."""
+    import bench_select
+
+    def figures(seconds):
+        return {"seconds": seconds, "over_floor": seconds / 0.01}
+
+    result = {"sizes": [{"n": 25_000_000, "world_size": 4, "floor_seconds": 0.01, "methods": {},
+                         "tensorflow": {"exdyna": figures(0.019), "micro": figures(0.021),
+                                        "topk": figures(0.039), "randomk": figures(0.5)}}],
+              "world_sizes": []}
+    verdicts = {t["target"].split()[0]: t["met"] for t in bench_select.judge(result)}
+    assert verdicts == {"exdyna": True, "micro": False, "topk": True}   # randomk: no TF target
+    assert all("TensorFlow backend" in t["target"] for t in bench_select.judge(result))
+
+
 def test_a_momentum_run_is_judged_on_the_momentum_floor():
     """``--momentum``: ExDyna and MiCRO against the floor of that path (one pass over u, g, e),
     the other methods and ExDyna's memory (which the velocity grows by a copy) without targets."""
