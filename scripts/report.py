@@ -29,6 +29,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("select-momentum/select.md", "Selection cost with the momentum correction (momentum=0.9)",
      "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 9 --kernels on off "
      "--methods exdyna micro --momentum 0.9 --no-tensorflow --out-dir bench/select-momentum"),
+    ("select-tf/select.md", "Selection cost on the TensorFlow backend, every method",
+     "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on "
+     "--out-dir bench/select-tf"),
     ("fidelity.md", "Fidelity: density error, imbalance, build-up", "python scripts/fidelity.py"),
     ("convergence.md", "Convergence", "python scripts/convergence.py"),
     ("convergence-long/convergence.md", "Convergence over a longer budget (char-LSTM)",
@@ -59,10 +62,18 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("e2e-models-1gbit.md", "End to end on standard architectures at 1 Gbit/s (ResNet-50, GPT)",
      "python scripts/bench_e2e.py --models resnet50 gpt --nets 1gbit --sizes 2 --image-size 64 "
      "--repeats 3 --out bench/e2e-models-1gbit  (root: network namespaces)"),
+    ("e2e-models-loopback.md", "End to end on standard architectures on loopback (ResNet-50, GPT)",
+     "python scripts/bench_e2e.py --models resnet50 gpt --nets loopback --sizes 2 --image-size 64 "
+     "--configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,dgc --repeats 2 --steps 2 "
+     "--out bench/e2e-models-loopback"),
     ("e2e-tf.md", "End to end in TensorFlow (MobileNetV2, 2 ranks, loopback)",
-     "horovodrun --gloo -np 2 -H localhost:2 python scripts/bench_e2e_tf_worker.py --configs "
-     "dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model --repeats 3 "
-     "--out bench/e2e-tf.json"),
+     "python scripts/bench_e2e.py --framework tensorflow --models mobilenetv2 --nets loopback "
+     "--sizes 2 --configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model,dgc "
+     "--repeats 2 --steps 3 --out bench/e2e-tf"),
+    ("e2e-tf-models.md", "End to end in TensorFlow on a standard architecture (ResNet-18, loopback)",
+     "python scripts/bench_e2e.py --framework tensorflow --models resnet18 --nets loopback --sizes 2 "
+     "--image-size 64 --configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model,dgc "
+     "--rounds 10 --out bench/e2e-tf-models"),
     ("time-to-accuracy/tta.md", "Time to accuracy (word-level LSTM)",
      "python scripts/time_to_accuracy.py --curves --sizes 2; --step-times (root); "
      "--validate exdyna-tracking@1gbit (root); see the script's docstring"),
@@ -99,9 +110,11 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     rows: list[tuple[str, str, str]] = []
     grouped: dict[str, list[dict]] = {}
     for name in ("select.json", "select-1e8/select.json", "select-momentum/select.json",
-                 "fidelity.json", "convergence.json",
+                 "select-tf/select.json", "fidelity.json", "convergence.json",
                  "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
-                 "e2e-compute.json", "e2e-kernels.json", "ddp-1gbit/ddp.json"):
+                 "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models.json",
+                 "e2e-tf.json", "e2e-tf-models.json", "time-to-accuracy/tta.json",
+                 "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
             if target.get("method"):
