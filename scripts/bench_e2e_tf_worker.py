@@ -34,7 +34,8 @@ import statistics
 import time
 from typing import Any
 
-from bench_e2e_worker import STAT_KEYS, bandwidth_probe, block_order
+from bench_e2e_worker import STAT_KEYS, bandwidth_probe, block_order, visit_stats
+from bench_e2e_worker import known as known_shared
 from bench_e2e_worker import resolve as resolve_shared
 from e2e_models import MODELS, build, describe
 
@@ -53,11 +54,8 @@ def resolve(config: str) -> tuple[str, dict, str]:
 
 
 def known(config: str) -> bool:
-    try:
-        resolve(config)
-    except KeyError:
-        return False
-    return True
+    """Whether ``config`` names a configuration of this worker."""
+    return known_shared(config, resolve)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -147,17 +145,8 @@ class Trainer:
 
     def record(self, repeat: int, seconds: list[float], batches: list, stat_steps: int) -> dict:
         """This rank's record of a visit; statistics from ``stat_steps`` further untimed steps."""
-        stats = dict.fromkeys(STAT_KEYS, 0.0)
-        if self.compression is not None:
-            for i in range(stat_steps):
-                self.step(*batches[i % len(batches)])
-                current = self.compression.stats()
-                for key in STAT_KEYS:
-                    stats[key] += float(current.get(key, 0.0)) / stat_steps
-        elif self.method == "horovod":
-            itemsize = 2 if resolve(self.config)[1]["compression"] == "fp16" else 4
-            stats.update(density_actual=1.0, buildup=1.0, bytes_sent=self.numel * itemsize,
-                         bytes_received=self.numel * itemsize)
+        stats = visit_stats(self.step, self.compression, self.method, resolve(self.config)[1],
+                            self.numel, batches, stat_steps)
         return {"config": self.config, "repeat": repeat, "numel": self.numel, "seconds": seconds,
                 "traces": self._step.experimental_get_tracing_count(), **stats}
 

@@ -72,9 +72,10 @@ def resolve(config: str) -> tuple[str, dict, str]:
     return method, options, "off" if base != config else "auto"
 
 
-def known(config: str) -> bool:
+def known(config: str, resolver: Any = None) -> bool:
+    """Whether ``config`` names a configuration (of ``resolver``, default ``resolve``)."""
     try:
-        resolve(config)
+        (resolver or resolve)(config)
     except KeyError:
         return False
     return True
@@ -298,18 +299,28 @@ class Trainer:
         """This rank's record of a visit; the statistics come from ``stat_steps`` further untimed
         steps, each followed by stats() (which costs a pass over the residual: kept out of the
         timed steps)."""
-        stats = dict.fromkeys(STAT_KEYS, 0.0)
-        if self.compressor is not None:
-            for step in range(stat_steps):
-                self.step(*batches[step % len(batches)])
-                current = self.compressor.stats()
-                for key in STAT_KEYS:
-                    stats[key] += float(current.get(key, 0.0)) / stat_steps
-        elif self.method == "horovod":
-            itemsize = 2 if self.options["compression"] == "fp16" else 4
-            stats.update(density_actual=1.0, buildup=1.0, bytes_sent=self.numel * itemsize,
-                         bytes_received=self.numel * itemsize)
+        stats = visit_stats(self.step, self.compressor, self.method, self.options, self.numel,
+                            batches, stat_steps)
         return {"config": self.config, "repeat": repeat, "numel": self.numel, "steps": steps, **stats}
+
+
+def visit_stats(step: Any, compressor: Any, method: str, options: dict, numel: int, batches: list,
+                stat_steps: int) -> dict:
+    """A visit's ``STAT_KEYS``: for an hvd_sparse compressor the mean of ``stats()`` over
+    ``stat_steps`` further untimed steps (``step(x, y)``); for Horovod's own compressions what
+    they send (every entry, in fp32 or fp16); nothing for ``local``. Both workers use it."""
+    stats = dict.fromkeys(STAT_KEYS, 0.0)
+    if compressor is not None:
+        for i in range(stat_steps):
+            step(*batches[i % len(batches)])
+            current = compressor.stats()
+            for key in STAT_KEYS:
+                stats[key] += float(current.get(key, 0.0)) / stat_steps
+    elif method == "horovod":
+        itemsize = 2 if options["compression"] == "fp16" else 4
+        stats.update(density_actual=1.0, buildup=1.0, bytes_sent=numel * itemsize,
+                     bytes_received=numel * itemsize)
+    return stats
 
 
 def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
