@@ -64,6 +64,16 @@ def unpack(flat: tf.Tensor, specs: Sequence[tf.TensorSpec]) -> list[tf.Tensor]:
             for piece, spec in zip(pieces, specs, strict=True)]
 
 
+def _column(idx) -> tf.Tensor:
+    """Indices as the [k, 1] column the scatter ops take, in int32 or int64 as they come (both
+    index the same entries; a conversion would be one more eager op per call, and a bucket step
+    makes several such calls)."""
+    idx = tf.convert_to_tensor(idx)
+    if idx.dtype not in (tf.int32, tf.int64):
+        idx = tf.cast(idx, tf.int64)
+    return tf.reshape(idx, [-1, 1])
+
+
 class TensorFlowBackend(Backend):
     """``Backend`` on TensorFlow tensors (immutable: every method returns a new tensor)."""
 
@@ -124,7 +134,7 @@ class TensorFlowBackend(Backend):
         return acc + tf.cast(x, acc.dtype)
 
     def scale(self, x, factor):
-        return x * tf.constant(factor, dtype=x.dtype)
+        return tf.math.multiply(x, tf.constant(factor, dtype=x.dtype))
 
     def abs(self, x):
         return tf.abs(x)
@@ -216,16 +226,15 @@ class TensorFlowBackend(Backend):
         return tf.gather(x, idx)
 
     def zero_at(self, x, idx):
-        return tf.tensor_scatter_nd_update(x, tf.reshape(tf.cast(idx, tf.int64), [-1, 1]),
-                                           tf.zeros(tf.shape(idx), dtype=x.dtype))
+        column = _column(idx)
+        count = [column.shape[0]] if column.shape[0] is not None else tf.shape(column)[:1]
+        return tf.tensor_scatter_nd_update(x, column, tf.zeros(count, dtype=x.dtype))
 
     def put(self, x, idx, values):
-        return tf.tensor_scatter_nd_update(x, tf.reshape(tf.cast(idx, tf.int64), [-1, 1]),
-                                           tf.cast(values, x.dtype))
+        return tf.tensor_scatter_nd_update(x, _column(idx), tf.cast(values, x.dtype))
 
     def scatter(self, n, idx, values, like=None):
-        return tf.scatter_nd(tf.reshape(tf.cast(idx, tf.int64), [-1, 1]), values,
-                             tf.constant([n], dtype=tf.int64))
+        return tf.scatter_nd(_column(idx), values, [n])
 
     def unique(self, idx):
         return tf.sort(tf.unique(idx).y)
