@@ -295,6 +295,9 @@ def markdown(report: dict, table: dict, targets: list[dict], figure: str | None)
                 seconds = f"{row['seconds']:.0f}" if row.get("seconds") else "-"
                 speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
                 lines.append(f"| {name} | {steps} | {row['best']:.2f} | {step_ms} | {seconds} | {speedup} |")
+            missing = [name for name in CONFIGS if name not in entry["rows"]]
+            if missing:
+                lines.append(f"\nNo curve at {size} ranks yet: {', '.join(missing)}.")
             lines.append("")
     if report.get("validations"):
         lines += ["## Real runs to the target (2 ranks)", "",
