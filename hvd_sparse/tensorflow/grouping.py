@@ -10,9 +10,10 @@ from typing import Any
 
 
 def with_model_grouping(compression: Any, kwargs: dict) -> dict:
-    """Horovod keyword arguments with every gradient in one group (``num_groups=1``) when
-    ``compression`` is an hvd_sparse compressor and the caller chose no grouping."""
+    """Horovod keyword arguments with every gradient in one group (``groups=1``: Horovod 0.28's
+    name; ``num_groups=1`` means the same with a DeprecationWarning) when ``compression`` is an
+    hvd_sparse compressor and the caller chose no grouping."""
     algorithm = getattr(compression, "algorithm", None)
-    if algorithm is not None and "groups" not in kwargs:
-        kwargs = {**kwargs, "num_groups": kwargs.get("num_groups") or 1}
+    if algorithm is not None and kwargs.get("groups") is None and not kwargs.get("num_groups"):
+        kwargs = {**kwargs, "groups": 1}
     return kwargs

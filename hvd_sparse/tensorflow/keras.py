@@ -69,8 +69,8 @@ def optimizer_momentum(optimizer: Any) -> str | None:
 def DistributedOptimizer(optimizer: Any, compression: Any, **kwargs: Any) -> Any:
     """``horovod.tensorflow.keras.DistributedOptimizer`` with an hvd_sparse compressor.
 
-    Refuses Keras 3 (see module docstring) and, for whole-model methods, puts every gradient in
-    one group (``num_groups=1``) unless the caller chose a grouping. Warns once when the
+    Refuses Keras 3 (see module docstring) and puts every gradient in one group (``groups=1``;
+    whole-model methods need it) unless the caller chose a grouping. Warns once when the
     compressor's momentum correction is on and ``optimizer`` has momentum of its own.
     """
     require_legacy_keras()
