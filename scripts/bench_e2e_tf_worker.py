@@ -103,7 +103,7 @@ class Trainer:
     def __init__(self, config: str, args: argparse.Namespace, hvd: Any, tf: Any, hvd_sparse: Any):
         import hvd_sparse.tensorflow as hs
 
-        method, options, self.kernels = resolve(config)
+        method, self.options, self.kernels = resolve(config)
         self.config, self.method, self.hvd_sparse = config, method, hvd_sparse
         spec = model_spec(args, with_model=True)
         model = spec.model
@@ -111,7 +111,7 @@ class Trainer:
         opt = tf.keras.optimizers.SGD(0.01)
         self.compression = None
         if method == "horovod":
-            wrap = getattr(hvd.Compression, options["compression"])
+            wrap = getattr(hvd.Compression, self.options["compression"])
 
             def distribute(tape):
                 return hvd.DistributedGradientTape(tape, compression=wrap)
@@ -120,7 +120,7 @@ class Trainer:
                 return tape
         else:
             self.compression = hs.SparseCompressor(
-                hvd_sparse.create(method, density=args.density, **options))
+                hvd_sparse.create(method, density=args.density, **self.options))
 
             def distribute(tape):
                 return hs.DistributedGradientTape(tape, self.compression)
@@ -145,17 +145,22 @@ class Trainer:
 
     def record(self, repeat: int, seconds: list[float], batches: list, stat_steps: int) -> dict:
         """This rank's record of a visit; statistics from ``stat_steps`` further untimed steps."""
-        stats = visit_stats(self.step, self.compression, self.method, resolve(self.config)[1],
-                            self.numel, batches, stat_steps)
+        stats = visit_stats(self.step, self.compression, self.method, self.options, self.numel,
+                            batches, stat_steps)
         return {"config": self.config, "repeat": repeat, "numel": self.numel, "seconds": seconds,
                 "traces": self._step.experimental_get_tracing_count(), **stats}
+
+
+def barrier(hvd: Any, tf: Any) -> None:
+    """Align the ranks (horovod.tensorflow 0.28 has no barrier: a one-element allreduce)."""
+    hvd.allreduce(tf.zeros([1]), name="tf_e2e.barrier").numpy()
 
 
 def timed_steps(trainer: Trainer, batches: list, count: int, first: int, hvd: Any, tf: Any) -> list[float]:
     """``count`` timed steps, each after a barrier (the ranks start aligned)."""
     seconds = []
     for i in range(count):
-        hvd.allreduce(tf.zeros([1]), name="tf_e2e.barrier").numpy()
+        barrier(hvd, tf)
         seconds.append(trainer.step(*batches[(first + i) % len(batches)]))
     return seconds
 
@@ -216,10 +221,7 @@ def tf_probe(hvd: Any, tf: Any, megabytes: float, size: int) -> dict:
         dtype = tf.float32 if label == "fp32" else tf.float16
         hvd.allreduce(tf.ones([numel], dtype=dtype), name=f"tf_e2e.probe.{label}.{i}", op=hvd.Sum).numpy()
 
-    def barrier() -> None:
-        hvd.allreduce(tf.zeros([1]), name="tf_e2e.barrier").numpy()
-
-    return bandwidth_probe(allreduce, barrier, megabytes, size)
+    return bandwidth_probe(allreduce, lambda: barrier(hvd, tf), megabytes, size)
 
 
 def main() -> None:

@@ -134,7 +134,7 @@ class TensorFlowBackend(Backend):
         return acc + tf.cast(x, acc.dtype)
 
     def scale(self, x, factor):
-        return tf.math.multiply(x, tf.constant(factor, dtype=x.dtype))
+        return x * tf.constant(factor, dtype=x.dtype)
 
     def abs(self, x):
         return tf.abs(x)

@@ -148,25 +148,24 @@ class SparseCompressor(FaceBase, Compressor):
         return _placeholder(tensor, dtype), self._file(trace, tensor)
 
     def _file(self, trace: _Trace, tensor: tf.Tensor) -> Any:
-        """What ``decompress`` receives for the gradient: in scope "tensor", its step's output (built
-        now, whatever Horovod's grouping); else its position in the trace's stash, whose buckets
-        the first ``decompress`` builds."""
-        if self.algorithm.scope == TENSOR:
-            trace.stash.append(tensor)
-            return len(trace.stash) - 1
-        if trace.outputs is not None:
+        """What ``decompress`` receives for the gradient: its position in the trace's stash. Its
+        step is built by the first ``decompress`` that needs it: in scope "tensor" together with
+        every gradient stashed since the last build (all of them in one Horovod group, only
+        itself under Horovod's default grouping), else with the whole stash, bucketed by the
+        method's plan, which needs every gradient compressed by then."""
+        if self.algorithm.scope != TENSOR and trace.outputs is not None:
             raise ConfigurationError(
                 f"{type(self.algorithm).__name__} with scope={self.algorithm.scope!r} needs every "
-                "gradient in one Horovod group: pass num_groups=1 to hvd.DistributedGradientTape or "
-                "to the Keras hvd.DistributedOptimizer (or use "
+                "gradient in one Horovod group: pass groups=1 (or the deprecated num_groups=1) to "
+                "hvd.DistributedGradientTape or to the Keras hvd.DistributedOptimizer (or use "
                 "hvd_sparse.tensorflow.DistributedGradientTape, which does it for you)")
         trace.stash.append(tensor)
         return len(trace.stash) - 1
 
     @tf.autograph.experimental.do_not_convert
     def decompress(self, tensor: tf.Tensor, ctx: Any) -> tf.Tensor:
-        """Horovod's call per gradient after its allreduce: the average over ranks (the first call of a trace
-        runs the stashed buckets' steps)."""
+        """Horovod's call per gradient after its allreduce: the average over ranks (built, with
+        the steps of the gradients stashed alongside it, at the first call that needs it)."""
         trace = self._trace()
         if self.algorithm.scope == TENSOR:
             built = trace.outputs = trace.outputs or []
