@@ -479,6 +479,20 @@ def framework_text(job: dict) -> str:
     return " in TensorFlow" if job.get("framework") == "tensorflow" else ""
 
 
+def settle_lines(job: dict) -> list[str]:
+    """What ``--settle`` did: the extra untimed steps each sparsifier took before its density
+    settled (first visit), or that it did not within the limit."""
+    done = {}
+    for r in job["records"]:
+        done.setdefault(r["config"], r.get("settle"))
+    notes = [f"{config} {s['steps']} ({'density' if s['settled'] else 'NOT settled, density'} "
+             f"{s['density']:.2e})" for config, s in done.items() if s is not None]
+    if not notes:
+        return []
+    return [f"Settling (`--settle {job.get('settle')}`): extra untimed steps before the timed ones "
+            f"until a sparsifier's aggregate density lay within 2x of ρ..N·ρ: {'; '.join(notes)}.", ""]
+
+
 def markdown(result: dict) -> str:
     lines = [f"### End to end ({result['mode']} run)", ""]
     m = result["machine"]
@@ -554,6 +568,7 @@ def markdown(result: dict) -> str:
                 f"| {ms('slowest_compute_seconds')} | {ms('after_compute_seconds')} "
                 f"| {ms('cpu_seconds')} | {ms('select_seconds', 1)} | {ms('comm_wait_seconds', 1)} |")
         lines.append("")
+        lines += settle_lines(job)
         if job.get("framework") == "tensorflow":
             lines += ["A TensorFlow step is one `tf.function` (forward, backward, the distributed "
                       "tape's exchange and the update), timed until its loss is on the host: it has "
@@ -627,6 +642,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--rounds", type=int, help="steps per configuration (interleaved schedule)")
     parser.add_argument("--warmup", type=int, help="untimed steps of dense, fp16 and local")
     parser.add_argument("--sparse-warmup", type=int, help="untimed steps of each sparsifier")
+    parser.add_argument("--settle", type=int,
+                        help="after --sparse-warmup, at most this many more untimed steps of a "
+                             "sparsifier until its aggregate density is settled (within 2x of "
+                             "density..N*density; e.g. MiCRO's paper start takes hundreds)")
     parser.add_argument("--steps", type=int, help="timed steps per visit (blocks schedule)")
     parser.add_argument("--delay", default="", help="one-way delay per link direction (needs sch_netem)")
     parser.add_argument("--loopback-launcher", choices=["horovodrun", "direct"], default="horovodrun",
@@ -652,7 +671,7 @@ def resummarize(source: Path, out: str | None) -> None:
 def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict:
     """The quick or full plan with the command line's overrides; unknown configurations refused."""
     plan = dict(QUICK if args.quick else FULL)
-    for key in ("models", "nets", "sizes", "repeats", "rounds", "warmup", "sparse_warmup", "steps"):
+    for key in ("models", "nets", "sizes", "repeats", "rounds", "warmup", "sparse_warmup", "settle", "steps"):
         if getattr(args, key) is not None:
             plan[key] = getattr(args, key)
     if args.configs:
@@ -746,7 +765,7 @@ def worker_arguments(model: str, net: str, size: int, plan: dict, args: argparse
                    *(["--image-size", str(args.image_size)] if args.image_size else []),
                    "--schedule", schedule,
                    "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),
-                   "--steps", str(steps),
+                   "--settle", str(plan.get("settle", 0)), "--steps", str(steps),
                    "--probe-mb", f"{probe_mb:.3f}", "--out", str(out)]
     return worker_args, schedule, repeats, steps
 

@@ -34,7 +34,7 @@ import statistics
 import time
 from typing import Any
 
-from bench_e2e_worker import STAT_KEYS, bandwidth_probe, block_order, visit_stats
+from bench_e2e_worker import STAT_KEYS, agree_on_rank0, bandwidth_probe, block_order, settle, visit_stats
 from bench_e2e_worker import known as known_shared
 from bench_e2e_worker import resolve as resolve_shared
 from e2e_models import MODELS, build, describe
@@ -71,6 +71,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=3, help="untimed steps (the first traces)")
     parser.add_argument("--sparse-warmup", type=int, default=8,
                         help="untimed steps of a sparsifier (the first traces; thresholds settle)")
+    parser.add_argument("--settle", type=int, default=0,
+                        help="after --sparse-warmup, at most this many more untimed steps of a "
+                             "sparsifier whose aggregate density is not yet settled")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--stat-steps", type=int, default=1,
                         help="untimed steps after the timed ones, each followed by stats()")
@@ -135,6 +138,7 @@ class Trainer:
 
         self._step = step
         self.warmup = args.warmup if method in ("horovod", "local") else args.sparse_warmup
+        self.settle: dict | None = None   # what --settle did (warm_up)
 
     def step(self, x: Any, y: Any) -> float:
         """One training step, until its loss is on the host; seconds."""
@@ -148,7 +152,16 @@ class Trainer:
         stats = visit_stats(self.step, self.compression, self.method, self.options, self.numel,
                             batches, stat_steps)
         return {"config": self.config, "repeat": repeat, "numel": self.numel, "seconds": seconds,
-                "traces": self._step.experimental_get_tracing_count(), **stats}
+                "traces": self._step.experimental_get_tracing_count(), **stats,
+                **({"settle": self.settle} if self.settle is not None else {})}
+
+
+def warm_up(trainer: Trainer, args: argparse.Namespace, batches: list, hvd: Any) -> None:
+    """The configuration's untimed steps, then ``--settle``'s (bench_e2e_worker.settle)."""
+    for i in range(trainer.warmup):
+        trainer.step(*batches[i % len(batches)])
+    trainer.settle = settle(trainer.step, trainer.compression, batches, trainer.warmup, args,
+                            hvd.size(), agree_on_rank0(hvd, trainer.config))
 
 
 def barrier(hvd: Any, tf: Any) -> None:
@@ -171,8 +184,7 @@ def run_blocks(args, configs, batches, hvd, tf, hvd_sparse) -> list[dict]:
     for repeat in range(args.repeats):
         for config in block_order(configs, repeat):
             trainer = Trainer(config, args, hvd, tf, hvd_sparse)
-            for i in range(trainer.warmup):
-                trainer.step(*batches[i % len(batches)])
+            warm_up(trainer, args, batches, hvd)
             seconds = timed_steps(trainer, batches, args.steps, 0, hvd, tf)
             records.append(trainer.record(repeat, seconds, batches, args.stat_steps))
             if hvd.rank() == 0:
@@ -185,8 +197,7 @@ def run_interleaved(args, configs, batches, hvd, tf, hvd_sparse) -> list[dict]:
     """Every configuration alive; one timed step of each per round (``--repeats`` rounds)."""
     trainers = {config: Trainer(config, args, hvd, tf, hvd_sparse) for config in configs}
     for trainer in trainers.values():
-        for i in range(trainer.warmup):
-            trainer.step(*batches[i % len(batches)])
+        warm_up(trainer, args, batches, hvd)
     timed: dict[str, list[tuple[int, float]]] = {config: [] for config in configs}
     for repeat in range(args.repeats):
         for config in block_order(configs, repeat):
@@ -211,6 +222,8 @@ def merge(per_rank: list[list[dict]]) -> list[dict]:
                    traces=max(r["traces"] for r in records))
         for key in STAT_KEYS:
             out[key] = statistics.fmean(r[key] for r in records)
+        if "settle" in records[0]:
+            out["settle"] = records[0]["settle"]
         merged.append(out)
     return merged
 
@@ -257,7 +270,7 @@ def main() -> None:
                "items_per_sample": spec.items_per_sample, "batch_per_rank": args.batch,
                "size": hvd.size(), "density": args.density, "schedule": args.schedule,
                "repeats": args.repeats, "warmup": args.warmup, "sparse_warmup": args.sparse_warmup,
-               "steps": args.steps if args.schedule == "blocks" else 1,
+               "settle": args.settle, "steps": args.steps if args.schedule == "blocks" else 1,
                "stat_steps": args.stat_steps, "configs": configs, "probe": probe, "records": merged,
                "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
                                                            "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},

@@ -84,6 +84,45 @@ def known(config: str, resolver: Any = None) -> bool:
 STAT_KEYS = ("density_actual", "buildup", "bytes_sent", "bytes_received", "select_seconds",
              "comm_wait_seconds", "comm_inflight_seconds")
 
+SETTLE_CHECK = 10   # settling steps between two looks at the density (stats() costs a pass)
+SETTLE_FACTOR = 2.0
+
+
+def settled(density: float, target: float, size: int) -> bool:
+    """A sparsifier's aggregate density is settled when it lies within ``SETTLE_FACTOR`` of what a
+    method can aim at: ρ (exclusive partitions) to N·ρ (every rank's own top-k, full build-up).
+    MiCRO's paper start (λ0 = 1/(2√k), moved 0.5% a step) can take hundreds of steps to get there;
+    its step before that times a far denser exchange than the method's steady state."""
+    return target / SETTLE_FACTOR <= density <= SETTLE_FACTOR * size * target
+
+
+def settle(step: Any, compressor: Any, batches: list, first: int, args: argparse.Namespace,
+           size: int, agree: Any) -> dict | None:
+    """With ``--settle``, a sparsifier steps on (untimed) until its density has ``settled``,
+    looking every ``SETTLE_CHECK`` steps, at most ``--settle`` steps: what it did, or None when
+    there was nothing to do. ``agree(done, i)`` returns rank 0's verdict on every rank, so that
+    all stop at the same step. Both workers use it."""
+    if compressor is None or args.settle <= 0:
+        return None
+    extra = 0
+    while True:
+        density = float(compressor.stats()["density_actual"])
+        if agree(settled(density, args.density, size) or extra >= args.settle, extra):
+            break
+        for _ in range(SETTLE_CHECK):
+            step(*batches[(first + extra) % len(batches)])
+            extra += 1
+    return {"steps": extra, "density": density, "settled": settled(density, args.density, size)}
+
+
+def agree_on_rank0(hvd: Any, config: str) -> Any:
+    """``settle``'s ``agree`` through Horovod's ``broadcast_object`` (PyTorch or TensorFlow)."""
+    def agree(done: bool, i: int) -> bool:
+        return bool(hvd.broadcast_object(done, root_rank=0, name=f"e2e.settle.{config}.{i}"))
+
+    return agree
+
+
 def build_model(name: str, image_size: int | None = None, with_model: bool = True):
     """The model ``name`` of scripts/e2e_models.py in PyTorch, from seed 0 on every rank (identical
     weights, no broadcast): its ``ModelSpec`` (module, batches, loss, throughput unit)."""
@@ -113,6 +152,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--sparse-warmup", type=int, default=8,
                         help="untimed steps of a sparsifier (thresholds settle)")
+    parser.add_argument("--settle", type=int, default=0,
+                        help="after --sparse-warmup, at most this many more untimed steps of a "
+                             "sparsifier whose aggregate density is not yet settled (settled())")
     parser.add_argument("--steps", type=int, default=5)
     parser.add_argument("--stat-steps", type=int, default=2,
                         help="untimed steps after the timed ones, each followed by stats()")
@@ -142,9 +184,12 @@ class Job:
         return Trainer(config, self.args, tag, self.hvd, self.torch, self.hvd_sparse)
 
     def warm_up(self, trainer: Trainer) -> None:
-        """The configuration's untimed steps."""
-        for step in range(trainer.warmup_steps(self.args)):
+        """The configuration's untimed steps, then ``--settle``'s (``settle``)."""
+        steps = trainer.warmup_steps(self.args)
+        for step in range(steps):
             trainer.step(*self.batches[step % len(self.batches)])
+        trainer.settle = settle(trainer.step, trainer.compressor, self.batches, steps, self.args,
+                                self.hvd.size(), agree_on_rank0(self.hvd, trainer.config))
 
     def timed_step(self, trainer: Trainer, step: int) -> list[float]:
         """Ranks start aligned (a barrier, untimed); the step's time on this rank follows."""
@@ -199,7 +244,8 @@ def write_result(args: argparse.Namespace, merged: list[dict], size: int, config
         "items_per_sample": spec.items_per_sample, "batch_per_rank": args.batch, "size": size,
         "density": args.density,
         "schedule": args.schedule, "repeats": args.repeats, "warmup": args.warmup,
-        "sparse_warmup": args.sparse_warmup, "steps": args.steps, "stat_steps": args.stat_steps,
+        "sparse_warmup": args.sparse_warmup, "settle": args.settle, "steps": args.steps,
+        "stat_steps": args.stat_steps,
         "configs": configs, "probe": probe, "records": merged,
         "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
                                                     "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
@@ -270,6 +316,7 @@ class Trainer:
             self.timing = self.compressor
         self.optimizer = optimizer
         self._loss = spec.loss
+        self.settle: dict | None = None   # what --settle did (Job.warm_up)
 
     def warmup_steps(self, args) -> int:
         """Sparsifiers get more: their thresholds settle (the first step also plans buckets)."""
@@ -301,7 +348,9 @@ class Trainer:
         timed steps)."""
         stats = visit_stats(self.step, self.compressor, self.method, self.options, self.numel,
                             batches, stat_steps)
-        return {"config": self.config, "repeat": repeat, "numel": self.numel, "steps": steps, **stats}
+        settle = {"settle": self.settle} if self.settle is not None else {}
+        return {"config": self.config, "repeat": repeat, "numel": self.numel, "steps": steps, **stats,
+                **settle}
 
 
 def visit_stats(step: Any, compressor: Any, method: str, options: dict, numel: int, batches: list,
@@ -349,6 +398,8 @@ def merge_ranks(per_rank: list[list[dict]]) -> list[dict]:
             out["phases"] = slowest_rank_phases([[s[4] for s in ranks] for ranks in steps])
         for key in STAT_KEYS:
             out[key] = statistics.fmean(r[key] for r in records)
+        if "settle" in first:
+            out["settle"] = first["settle"]
         merged.append(out)
     return merged
 

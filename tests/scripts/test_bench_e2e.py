@@ -244,3 +244,58 @@ def test_every_run_has_the_compute_only_row_and_its_ratio():
     assert plan["configs"] == ["dense", "deft", "local"]
     job = job_with({"dense": [1.0, 2.0], "deft": [0.3, 0.5], "local": [0.25, 0.5]})
     assert job["summary"]["deft"]["ratio_to_local"]["median"] == pytest.approx(1.1)
+
+
+def test_settled_spans_exclusive_to_full_buildup():
+    assert bench_e2e_worker.settled(0.001, 0.001, 2)
+    assert bench_e2e_worker.settled(0.004, 0.001, 2)          # 2x a full build-up of 2 ranks
+    assert not bench_e2e_worker.settled(0.0041, 0.001, 2)
+    assert not bench_e2e_worker.settled(0.198, 0.001, 2)      # MiCRO's paper start on ResNet-18
+    assert not bench_e2e_worker.settled(0.00049, 0.001, 2)
+
+
+class _Args:
+    density, settle = 0.001, 100
+
+
+class _Falling:
+    """A compressor whose density falls 10x every 10 steps, from 0.1."""
+
+    def __init__(self):
+        self.steps = 0
+
+    def step(self, *batch):
+        self.steps += 1
+
+    def stats(self):
+        return {"density_actual": 0.1 / 10 ** (self.steps // 10)}
+
+
+def test_settle_steps_until_settled_and_every_rank_follows_rank0():
+    falling, verdicts = _Falling(), []
+
+    def agree(done, i):
+        verdicts.append((done, i))
+        return done
+
+    out = bench_e2e_worker.settle(falling.step, falling, [(0, 0)], 0, _Args(), 2, agree)
+    assert out == {"steps": 20, "density": 0.001, "settled": True}
+    assert verdicts == [(False, 0), (False, 10), (True, 20)]
+    # the limit stops it, and the record says it did not settle; rank 0's "stop" is obeyed
+    args = _Args()
+    args.settle = 10
+    out = bench_e2e_worker.settle(_Falling().step, _Falling(), [(0, 0)], 0, args, 2, lambda d, i: d)
+    assert out["steps"] == 10 and not out["settled"]
+    assert bench_e2e_worker.settle(falling.step, falling, [], 0, _Args(), 2, lambda d, i: True)["steps"] == 0
+    assert bench_e2e_worker.settle(falling.step, None, [], 0, _Args(), 2, agree) is None
+
+
+def test_settle_lines_name_what_settling_did():
+    job = {"settle": 600, "records": [
+        {"config": "micro", "settle": {"steps": 230, "density": 0.0021, "settled": True}},
+        {"config": "micro", "settle": {"steps": 230, "density": 0.0021, "settled": True}},
+        {"config": "dgc", "settle": {"steps": 600, "density": 0.01, "settled": False}},
+        {"config": "dense"}]}
+    text = " ".join(bench_e2e.settle_lines(job))
+    assert "micro 230 (density 2.10e-03)" in text and "dgc 600 (NOT settled, density 1.00e-02)" in text
+    assert bench_e2e.settle_lines({"records": [{"config": "dense"}]}) == []
