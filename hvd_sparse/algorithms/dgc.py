@@ -219,14 +219,13 @@ class DGC(Algorithm):
             samples = b.abs(acc)
         else:
             rng = np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
-            if self.strided_sample:
-                start = int(rng.integers(0, plan.stride))
-                where = np.arange(start, ctx.numel, plan.stride, dtype=np.int64)
+            if self.strided_sample:   # a strided view: no index vector, no gather
+                samples = b.abs(b.slice(acc, int(rng.integers(0, plan.stride)), ctx.numel, plan.stride))
             else:
                 where = rng.integers(0, ctx.numel, plan.num_samples, dtype=np.int64)
-            samples = b.abs(b.take(acc, b.from_numpy(where, like=acc)))
+                samples = b.abs(b.take(acc, b.from_numpy(where, like=acc)))
         top = b.take(samples, b.topk_abs_indices(samples, plan.top_samples))
-        threshold = float(np.min(b.to_numpy(top)))
+        threshold = float(b.to_numpy(top).min())
         # |a| >= threshold, read off a itself (no |a| vector of the bucket's size)
         idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
         count = b.numel(idx)

@@ -69,8 +69,8 @@ class Backend:
         """The 1-D concatenation of ``xs``."""
         raise NotImplementedError
 
-    def slice(self, x: Array, lo: int, hi: int) -> Array:
-        """x[lo:hi] (a view where the framework can)."""
+    def slice(self, x: Array, lo: int, hi: int, step: int = 1) -> Array:
+        """x[lo:hi:step] (a view where the framework can)."""
         raise NotImplementedError
 
     def numel(self, x: Array) -> int:

@@ -42,8 +42,8 @@ class NumpyBackend(Backend):
     def concat(self, xs):
         return np.concatenate(xs) if len(xs) != 1 else xs[0]
 
-    def slice(self, x, lo, hi):
-        return x[lo:hi]
+    def slice(self, x, lo, hi, step=1):
+        return x[lo:hi:step]
 
     def numel(self, x):
         return int(np.size(x))

@@ -117,8 +117,8 @@ class TensorFlowBackend(Backend):
     def concat(self, xs):
         return tf.concat(xs, axis=0) if len(xs) != 1 else xs[0]
 
-    def slice(self, x, lo, hi):
-        return x[lo:hi]
+    def slice(self, x, lo, hi, step=1):
+        return x[lo:hi:step]
 
     def numel(self, x):
         n = x.shape.num_elements()   # static: no op (a TensorSpec's too)

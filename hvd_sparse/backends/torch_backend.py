@@ -57,8 +57,8 @@ class TorchBackend(Backend):
     def concat(self, xs):
         return torch.cat(xs) if len(xs) != 1 else xs[0]
 
-    def slice(self, x, lo, hi):
-        return x[lo:hi]
+    def slice(self, x, lo, hi, step=1):
+        return x[lo:hi:step]
 
     def numel(self, x):
         return x.numel()
