@@ -8,8 +8,9 @@
 // Magnitudes are compared as integer keys: the float's bits with the sign cleared, capped at the
 // key just above +Inf (so every NaN gets that one key). Two ways to the k-th largest key T:
 //
-// * sampled bracket (large inputs, k a small share of n): the keys of 1024 evenly spaced runs
-//   give two keys lo <= hi such that, with a wide margin, fewer than k entries lie above hi and
+// * sampled bracket (k a small share of n): the keys of up to 1024 evenly spaced runs (fewer on
+//   inputs under 256K entries, so that a run stays within a quarter of its stretch; under 16 runs
+//   the radix select runs) give two keys lo <= hi such that, with a wide margin, fewer than k entries lie above hi and
 //   at least k at or above lo. One pass then writes the indices above hi straight into the
 //   output (ascending) and keeps the few entries in [lo, hi] as candidates; T is the right
 //   candidate's key (nth_element), the chosen candidates are merged into the output. The pass
@@ -55,9 +56,10 @@ inline U key_of(U bits) {
 
 constexpr int64_t kBlock = 64;          // entries tested together in the bracket pass ...
 constexpr int64_t kSubBlock = 16;       // ... and again in parts where a block holds a candidate
-constexpr int64_t kSampleRuns = 1024;   // runs of the sample, evenly spaced
+constexpr int64_t kSampleRuns = 1024;   // runs of the sample at most, evenly spaced
 constexpr int64_t kRunLength = 64;      // contiguous entries per run
-constexpr int64_t kMinSampled = kSampleRuns * kRunLength * 4;   // smaller inputs: radix select
+constexpr int64_t kSampleShare = 4;     // a run samples at most 1/4 of its stretch
+constexpr int64_t kMinRuns = 16;        // fewer runs: radix select
 constexpr int kDigit = 11;
 
 // Radix select: T (the k-th largest key) and how many entries with key == T to take.
@@ -99,21 +101,33 @@ void emit_at_least(const U* x, int64_t n, U threshold, int64_t ties, I* out) {
   }
 }
 
-// The key at descending rank `rank` (0 = largest) of the sample; reorders the sample.
+// The `count` largest keys of the sample, descending. A min-heap of them: the sample's keys are
+// mostly far below the heap's least and cost one compare each (a selection over the whole
+// sample reorders all of it, twice, for the two ranks the bracket needs).
 template <typename U>
-U sample_key_at(std::vector<U>& sample, int64_t rank) {
-  std::nth_element(sample.begin(), sample.begin() + rank, sample.end(), std::greater<U>());
-  return sample[rank];
+std::vector<U> largest_keys(const std::vector<U>& sample, int64_t count) {
+  std::vector<U> heap(sample.begin(), sample.begin() + count);
+  std::make_heap(heap.begin(), heap.end(), std::greater<U>());   // front: the least kept
+  for (size_t i = size_t(count); i < sample.size(); ++i) {
+    if (sample[i] <= heap.front()) continue;
+    std::pop_heap(heap.begin(), heap.end(), std::greater<U>());
+    heap.back() = sample[i];
+    std::push_heap(heap.begin(), heap.end(), std::greater<U>());
+  }
+  std::sort_heap(heap.begin(), heap.end(), std::greater<U>());   // descending
+  return heap;
 }
 
 // The sampled bracket (see the file's comment). Returns false when the bracket missed.
 template <typename U, typename I>
 bool bracket_select(const U* x, int64_t n, int64_t k, I* out) {
   using S = typename KeyTraits<U>::Signed;
-  const int64_t stride = n / kSampleRuns;
+  const int64_t runs = std::min(kSampleRuns, n / (kRunLength * kSampleShare));
+  if (runs < kMinRuns) return false;   // too short to sample: radix
+  const int64_t stride = n / runs;     // >= kRunLength * kSampleShare
   std::vector<U> sample;
-  sample.reserve(kSampleRuns * kRunLength);
-  for (int64_t run = 0; run < kSampleRuns; ++run) {
+  sample.reserve(runs * kRunLength);
+  for (int64_t run = 0; run < runs; ++run) {
     const U* start = x + run * stride + (stride - kRunLength) / 2;
     for (int64_t j = 0; j < kRunLength; ++j) sample.push_back(key_of(start[j]));
   }
@@ -123,8 +137,9 @@ bool bracket_select(const U* x, int64_t n, int64_t k, I* out) {
   const int64_t lo_rank = int64_t(std::ceil(expected + margin));
   const int64_t hi_rank = int64_t(std::floor(expected - margin));
   if (lo_rank >= int64_t(sample.size()) / 32) return false;   // k too large a share: radix
-  const U lo = sample_key_at(sample, lo_rank);
-  const U hi = hi_rank >= 0 ? sample_key_at(sample, hi_rank) : KeyTraits<U>::nan_key;
+  const std::vector<U> top = largest_keys(sample, lo_rank + 1);
+  const U lo = top[lo_rank];
+  const U hi = hi_rank >= 0 ? top[hi_rank] : KeyTraits<U>::nan_key;
   if (lo == 0) return false;   // the bracket would hold every zero
   // Candidates in [lo, hi]: up to several times what the sample predicts.
   const double predicted = double(lo_rank - std::max<int64_t>(hi_rank, 0) + 1) / s * double(n);
@@ -199,7 +214,7 @@ int topk_abs(const void* data, int64_t n, int64_t k, I* out) {
       for (int64_t i = 0; i < n; ++i) out[i] = I(i);
       return 0;
     }
-    if (n >= kMinSampled && bracket_select(x, n, k, out)) return 0;
+    if (bracket_select(x, n, k, out)) return 0;
     U threshold;
     int64_t ties;
     radix_threshold(x, n, k, &threshold, &ties);

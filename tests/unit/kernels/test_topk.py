@@ -23,8 +23,18 @@ from tests.unit.kernels.test_cpu import cpu_ops, gradients, needs_kernels, same
 
 NP, TB = get_backend("numpy"), get_backend("torch")
 
-# Above the kernel's sampling size (4 * 1024 runs of 64): the sampled bracket runs, not the radix.
+# The kernel samples min(1024, n // 256) runs of 64 entries and takes the sampled bracket from 16
+# runs (4096 entries) up; below, the radix select. LARGE samples the most runs, MID fewer.
 LARGE = 300_000
+MID = (5_000, 40_000, 150_000)
+SAMPLE_RUNS, RUN_LENGTH, SAMPLE_SHARE = 1024, 64, 4
+
+
+def sampled_runs(n: int) -> list[int]:
+    """Where the kernel's sampled runs start in a vector of n entries (none: radix select)."""
+    runs = min(SAMPLE_RUNS, n // (RUN_LENGTH * SAMPLE_SHARE))
+    stride = n // runs if runs >= 16 else 0
+    return [run * stride + (stride - RUN_LENGTH) // 2 for run in range(runs)] if stride else []
 
 
 def reference(function: Callable, *args):
@@ -57,10 +67,8 @@ def vectors(n: int, seed: int) -> dict[str, np.ndarray]:
     special[rng.random(n) < 0.01] = -np.inf
     special[rng.random(n) < 0.01] = -np.nan
     hidden = rng.standard_normal(n) * 100.0
-    stride = n // 1024
-    for run in range(1024 if stride >= 64 else 0):   # the runs the kernel samples: small entries
-        start = run * stride + (stride - 64) // 2
-        hidden[start:start + 64] = rng.standard_normal(64) * 1e-3
+    for start in sampled_runs(n):   # the runs the kernel samples: small entries
+        hidden[start:start + RUN_LENGTH] = rng.standard_normal(RUN_LENGTH) * 1e-3
     return {
         "random": rng.standard_normal(n),
         "heavy": rng.standard_t(2, n) * np.exp(rng.standard_normal(n)),
@@ -120,7 +128,7 @@ def test_tensorflow_backend_follows_the_rule(dtype):
 
 # --- the kernel against the reference ---------------------------------------------------------------
 @needs_kernels
-@pytest.mark.parametrize("n", [1, 1_000, LARGE])
+@pytest.mark.parametrize("n", [1, 1_000, *MID, LARGE])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
 def test_kernel_matches_the_reference(n, dtype):
     ops = cpu_ops()
