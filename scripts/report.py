@@ -57,7 +57,8 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "--sparse-warmup 8 --out bench/e2e-phases  (root: network namespaces)"),
     ("e2e-models.md", "End to end on a standard architecture (ResNet-18, loopback)",
      "python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 64 "
-     "--rounds 20 --out bench/e2e-models; the same with --models resnet50 gpt --nets 1gbit "
+     "--configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,dgc --rounds 36 --settle 600 "
+     "--out bench/e2e-models; the same with --models resnet50 gpt --nets 1gbit "
      "(root) into bench/e2e-models-1gbit"),
     ("e2e-models-1gbit.md", "End to end on standard architectures at 1 Gbit/s (ResNet-50, GPT)",
      "python scripts/bench_e2e.py --models resnet50 gpt --nets 1gbit --sizes 2 --image-size 64 "
