@@ -12,9 +12,11 @@ compression and every hvd_sparse method, on loopback and on emulated networks.
         --out bench/e2e-kernels             # the kernels' targets: "X@ref" is X with the kernels off
                                             # the compute-bound target with many paired steps
     python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 112 \
-        --configs dense,fp16,local,exdyna-tracking,topk --out bench/e2e-resnet18
+        --configs dense,fp16,local,exdyna-tracking,micro,topk --settle 600 --out bench/e2e-resnet18
                                             # a standard architecture (scripts/e2e_models.py:
-                                            # resnet18, resnet50, gpt); img/s or tokens/s per rank
+                                            # resnet18, resnet50, gpt); img/s or tokens/s per rank;
+                                            # --settle: a sparsifier whose density has not settled
+                                            # after --sparse-warmup (MiCRO's paper start) steps on
     python scripts/bench_e2e.py --framework tensorflow --models mobilenetv2 resnet18 --nets loopback \
         --sizes 2 --out bench/e2e-tf       # the same jobs in TensorFlow (tf-keras,
                                             # hvd.DistributedGradientTape; scripts/bench_e2e_tf_worker.py)
