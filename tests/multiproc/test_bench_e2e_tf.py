@@ -21,7 +21,8 @@ def test_a_tensorflow_job_runs_every_kind_of_configuration_and_is_summarised(tmp
     result = subprocess.run(
         [sys.executable, str(REPO / "scripts" / "bench_e2e.py"), "--framework", "tensorflow",
          "--models", "cnn", "--nets", "loopback", "--sizes", "2", "--configs", configs,
-         "--rounds", "2", "--warmup", "1", "--sparse-warmup", "2", "--job-timeout", "360",
+         "--rounds", "2", "--warmup", "1", "--sparse-warmup", "2", "--settle", "30",
+         "--job-timeout", "360",
          "--out", str(out)],
         cwd=REPO, capture_output=True, text=True, timeout=400, check=False)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
@@ -37,7 +38,15 @@ def test_a_tensorflow_job_runs_every_kind_of_configuration_and_is_summarised(tmp
     assert 0 < rows["exdyna-tracking"]["density_actual"] < 0.05
     assert rows["dense"]["density_actual"] == 1.0
     assert job["probe"]["bus_gbit_s_median"] > 0
+    # --settle: each sparsifier's record says how many extra steps it took (rank 0 decided for
+    # both through broadcast_object), Horovod's own compressions none
+    settle = {r["config"]: r.get("settle") for r in job["records"]}
+    assert settle["dense"] is None and settle["fp16"] is None
+    for config in ("exdyna-tracking", "topk-model"):
+        assert settle[config]["steps"] in (0, 10, 20, 30), settle
+        assert settle[config]["settled"] or settle[config]["steps"] == 30, settle
     text = out.with_suffix(".md").read_text()
+    assert "Settling (`--settle 30`)" in text
     assert "#### cnn in TensorFlow" in text
     assert "exdyna-tracking throughput >= 0.9× dense's (tensorflow, cnn, loopback, 2 ranks)" in text
     assert "topk-model throughput >= 0.7× dense's" in text
