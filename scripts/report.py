@@ -76,7 +76,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "--image-size 64 --configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model,dgc "
      "--rounds 10 --out bench/e2e-tf-models"),
     ("time-to-accuracy/tta.md", "Time to accuracy (word-level LSTM)",
-     "python scripts/time_to_accuracy.py --curves --sizes 2; --step-times (root); "
+     "python scripts/time_to_accuracy.py --curves --sizes 2 4 (4 ranks: configurations split "
+     "over two --out-dir runs side by side, then --merge-from their tta.json); --step-times-from "
+     "bench/time-to-accuracy/step-times.json bench/time-to-accuracy/step-times-4.json; "
      "--validate exdyna-tracking@1gbit (root); see the script's docstring"),
     ("ddp.md", "DDP communication hooks on loopback (torchrun)",
      "python scripts/bench_ddp.py --model mlp7m --repeats 5 --steps 10 --warmup 10 --out-dir bench"),
