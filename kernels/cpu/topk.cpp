@@ -8,10 +8,11 @@
 // Magnitudes are compared as integer keys: the float's bits with the sign cleared, capped at the
 // key just above +Inf (so every NaN gets that one key). Two ways to the k-th largest key T:
 //
-// * sampled bracket (k a small share of n): the keys of up to 1024 evenly spaced runs (fewer on
-//   inputs under 256K entries, so that a run stays within a quarter of its stretch; under 16 runs
-//   the radix select runs) give two keys lo <= hi such that, with a wide margin, fewer than k entries lie above hi and
-//   at least k at or above lo. One pass then writes the indices above hi straight into the
+// * sampled bracket (k a small share of n): the keys of up to 1024 evenly spaced runs of 64
+//   (fewer under 256K entries, so that the sample is at most a quarter of the input; under 16
+//   runs, i.e. 4096 entries, the radix select runs) give two keys lo <= hi, taken from a heap of
+//   the sample's largest keys, such that, with a wide margin, fewer than k entries lie above hi
+//   and at least k at or above lo. One pass then writes the indices above hi straight into the
 //   output (ascending) and keeps the few entries in [lo, hi] as candidates; T is the right
 //   candidate's key (nth_element), the chosen candidates are merged into the output. The pass
 //   tests 64 entries at a time with a vectorizable compare and looks at single entries only in

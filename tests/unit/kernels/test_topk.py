@@ -27,13 +27,13 @@ NP, TB = get_backend("numpy"), get_backend("torch")
 # runs (4096 entries) up; below, the radix select. LARGE samples the most runs, MID fewer.
 LARGE = 300_000
 MID = (5_000, 40_000, 150_000)
-SAMPLE_RUNS, RUN_LENGTH, SAMPLE_SHARE = 1024, 64, 4
+SAMPLE_RUNS, RUN_LENGTH, SAMPLE_SHARE, MIN_RUNS = 1024, 64, 4, 16   # as in kernels/cpu/topk.cpp
 
 
 def sampled_runs(n: int) -> list[int]:
     """Where the kernel's sampled runs start in a vector of n entries (none: radix select)."""
     runs = min(SAMPLE_RUNS, n // (RUN_LENGTH * SAMPLE_SHARE))
-    stride = n // runs if runs >= 16 else 0
+    stride = n // runs if runs >= MIN_RUNS else 0
     return [run * stride + (stride - RUN_LENGTH) // 2 for run in range(runs)] if stride else []
 
 
