@@ -92,6 +92,13 @@ def sampling_plan(numel: int, density: float, sample_ratio: float) -> SamplingPl
     return SamplingPlan(numel, k, num_samples, stride, top_samples)
 
 
+def sample_threshold(sample: np.ndarray, top: int) -> float:
+    """λ: the smallest of the ``top`` largest magnitudes of ``sample``; NaN when a NaN is among them
+    (NaN ranks above +Inf, as in ``Backend.topk_abs_indices``), and then nothing passes ``>= λ``."""
+    magnitudes = np.abs(sample)
+    return float(np.partition(magnitudes, magnitudes.size - top)[magnitudes.size - top:].min())
+
+
 def warmup_density(density: float, warmup_epochs: int, epoch: int) -> float:
     """DGC's exponential warm-up: max(ρ^((e+1)/(W+1)), ρ) during the first W epochs, then ρ."""
     if warmup_epochs <= 0 or epoch >= warmup_epochs:
@@ -212,38 +219,53 @@ class DGC(Algorithm):
     def select_local(self, acc: Any, control: DGCControl, ctx: StepContext) -> Any:
         """The sampled threshold, and the entries above it (module docstring)."""
         b = ctx.backend
+        plan = self._plan(control, ctx)
+        if plan.num_samples == ctx.numel:
+            # λ is the k-th largest |a|; the first k of |a| >= λ in index order are the top k with
+            # ties at the lowest indices (Backend.topk_abs_indices), unless λ is NaN: nothing passes
+            idx = b.topk_abs_indices(acc, plan.k)
+            control.threshold = threshold = sample_threshold(b.to_numpy(b.take(acc, idx)), plan.k)
+            return b.slice(idx, 0, 0) if math.isnan(threshold) else idx
+        threshold = sample_threshold(b.to_numpy(self._sample(acc, plan, ctx)), plan.top_samples)
+        idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
+        return self._adapt(acc, idx, threshold, plan, control, ctx)
+
+    def _plan(self, control: DGCControl, ctx: StepContext) -> SamplingPlan:
+        """This step's sampling plan; records its density and k in ``control``."""
         density = self.step_density(ctx)
         plan = sampling_plan(ctx.numel, density, self.sample_ratio)
         control.density, control.k = density, plan.k
-        if plan.num_samples == ctx.numel:
-            samples = b.abs(acc)
-        else:
-            rng = np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
-            if self.strided_sample:   # a strided view: no index vector, no gather
-                samples = b.abs(b.slice(acc, int(rng.integers(0, plan.stride)), ctx.numel, plan.stride))
-            else:
-                where = rng.integers(0, ctx.numel, plan.num_samples, dtype=np.int64)
-                samples = b.abs(b.take(acc, b.from_numpy(where, like=acc)))
-        top = b.take(samples, b.topk_abs_indices(samples, plan.top_samples))
-        threshold = float(b.to_numpy(top).min())
-        # |a| >= threshold, read off a itself (no |a| vector of the bucket's size)
-        idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
+        return plan
+
+    def _sample(self, acc: Any, plan: SamplingPlan, ctx: StepContext) -> Any:
+        """This step's sample of ``acc``: a strided view from a random start (no index vector, no
+        gather), or uniform positions."""
+        b = ctx.backend
+        rng = np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
+        if self.strided_sample:
+            return b.slice(acc, int(rng.integers(0, plan.stride)), ctx.numel, plan.stride)
+        where = rng.integers(0, ctx.numel, plan.num_samples, dtype=np.int64)
+        return b.take(acc, b.from_numpy(where, like=acc))
+
+    def _adapt(self, acc: Any, idx: Any, threshold: float, plan: SamplingPlan, control: DGCControl,
+               ctx: StepContext) -> Any:
+        """The authors' adaptation of a sampled threshold, then the first k selected."""
+        b = ctx.backend
         count = b.numel(idx)
-        if ctx.numel > plan.num_samples:
-            for _ in range(self.max_adaptation_iters):
-                if count > plan.k:
-                    if count <= self.upper * plan.k:
-                        break
-                    if self.resample:
-                        idx = b.take(idx, b.topk_abs_indices(b.take(acc, idx), plan.k))
-                        break
-                    threshold *= self.upper
-                elif count < self.lower * plan.k:
-                    threshold *= self.lower
-                else:
+        for _ in range(self.max_adaptation_iters):
+            if count > plan.k:
+                if count <= self.upper * plan.k:
                     break
-                idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
-                count = b.numel(idx)
+                if self.resample:
+                    idx = b.take(idx, b.topk_abs_indices(b.take(acc, idx), plan.k))
+                    break
+                threshold *= self.upper
+            elif count < self.lower * plan.k:
+                threshold *= self.lower
+            else:
+                break
+            idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
+            count = b.numel(idx)
         control.threshold = threshold
         return b.slice(idx, 0, plan.k) if b.numel(idx) > plan.k else idx
 

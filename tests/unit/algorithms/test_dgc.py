@@ -12,6 +12,8 @@ import pytest
 
 from hvd_sparse import ConfigurationError
 from hvd_sparse.algorithms import DGC
+from hvd_sparse.algorithms.base import StepContext
+from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.reference.dgc import dgc_density, dgc_momentum_step, dgc_unsampled_selection
@@ -46,6 +48,24 @@ def test_dgc_momentum_correction_masking_and_selection_match_reference(nesterov,
             v[r] = residuals[r]
             np.testing.assert_array_equal(engine.buckets["w"].momentum, u[r])
         assert engines[0].stats()["selected"] == math.ceil(n * density)
+
+
+@pytest.mark.parametrize("backend", ["numpy", "torch"])
+def test_dgc_unsampled_ties_take_the_lowest_indices_and_nan_selects_nothing(backend):
+    """An unsampled bucket sends the top k (one op): with |v| tied at λ, the first of them in index
+    order, as the authors' ``|v| >= λ`` then the first k; a NaN makes λ NaN, and nothing passes."""
+    backend_ = get_backend(backend)
+    algorithm = DGC(0.1, momentum=0.0)
+    ctx = StepContext(key="w", step=0, rank=0, size=1, numel=40, backend=backend_)
+    velocity = np.tile(np.array([1, -3, 2, 3, 0, -3, 1, 2], np.float32), 5)  # k = 4 of 40
+    for values in (velocity, -velocity, np.roll(velocity, 3)):
+        idx = algorithm.select_local(backend_.from_numpy(values.copy()), algorithm.init_control(ctx), ctx)
+        np.testing.assert_array_equal(backend_.to_numpy(idx), dgc_unsampled_selection(values, 0.1))
+    values = velocity.copy()
+    values[17] = np.nan
+    control = algorithm.init_control(ctx)
+    assert backend_.numel(algorithm.select_local(backend_.from_numpy(values), control, ctx)) == 0
+    assert math.isnan(control.threshold)
 
 
 def test_dgc_sampled_threshold_sends_at_most_k_and_masks_momentum_where_sent():
