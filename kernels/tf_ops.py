@@ -21,7 +21,7 @@ from . import KernelUnavailable
 
 CPU = Path(__file__).resolve().parent / "cpu"
 STEM = "_tf_ops"
-SOURCES = ("tf_ops.cc", "topk.cpp")
+SOURCES = ("tf_ops.cc", "topk.cpp", "norms.cpp")
 FIX = "rebuild it with `make install` (or `pip install -e .` in the repository)"
 _VALUES = (tf.float32, tf.float64)
 
@@ -62,3 +62,15 @@ def topk_abs(x: tf.Tensor, k: int, index_dtype: str = "int64") -> tf.Tensor | No
     if x.dtype not in _VALUES or n is None or not 0 <= k <= n or "GPU" in (x.device or "").upper():
         return None
     return _OPS.hvd_sparse_topk_abs(x, tf.constant(k, tf.int64), Tidx=index_dtype)
+
+
+def segment_sums(x: tf.Tensor, lengths: list[int]) -> tuple[list[float], list[int]] | None:
+    """The float64 sums of squares of consecutive segments of x (flattened) in one read, and the
+    rounding depth of each (norms.cpp), for ``exact.float32_norms``; None where there is no kernel
+    (a dtype other than fp32/fp64, a tensor not on the CPU, lengths that do not add up to its size)."""
+    n = x.shape.num_elements()
+    if (x.dtype not in _VALUES or n is None or "GPU" in (x.device or "").upper()
+            or any(length < 0 for length in lengths) or sum(lengths) != n):
+        return None
+    sums, depths = _OPS.hvd_sparse_segment_sumsq(tf.reshape(x, [-1]), tf.constant(lengths, tf.int64))
+    return sums.numpy().tolist(), depths.numpy().tolist()

@@ -76,3 +76,48 @@ def test_backend_uses_the_op_and_the_switch_turns_it_off(ops, monkeypatch):
     finally:
         hvd_sparse.set_kernels("auto")
     assert calls == [3]
+
+
+def reference_norms(x: np.ndarray, lengths: list[int]) -> list[float]:
+    hvd_sparse.set_kernels("off")
+    try:
+        return list(get_backend("tensorflow").segment_norms(tf.constant(x), lengths))
+    finally:
+        hvd_sparse.set_kernels("auto")
+
+
+def test_segment_norms_match_the_reference(ops):
+    """DEFT's per-unit norms through the op (one read, float64 sums of known depth) are the
+    reference's float32 norms exactly, down to segments whose float64 sum cannot decide."""
+    rng = np.random.default_rng(1)
+    backend = get_backend("tensorflow")
+    for trial in range(60):
+        count = int(rng.integers(1, 80))
+        lengths = [int(v) for v in rng.integers(0, 9000 if trial % 6 else 300_000, count)]
+        lengths[int(rng.integers(0, count))] = 0
+        x = rng.standard_t(3, sum(lengths)) * 10.0 ** rng.integers(-20, 3)
+        if trial % 4 == 1:
+            x = np.round(x * 64) / 64   # many equal squares
+        elif trial % 4 == 2:
+            x[:] = 0.0
+        x = x.astype(["float32", "float64"][trial % 2])
+        sums, depths = ops.segment_sums(tf.constant(x), lengths)
+        assert len(sums) == len(depths) == count and min(depths) >= 1
+        got = list(backend.segment_norms(tf.constant(x), lengths))
+        assert got == reference_norms(x, lengths), f"trial {trial}"
+    assert list(backend.segment_norms(tf.constant(np.float32([3, 4, 0])), [2, 1])) == [5.0, 0.0]
+
+
+def test_segment_sums_decline_what_they_have_no_kernel_for(ops):
+    assert ops.segment_sums(tf.constant(np.ones(5, np.float16)), [5]) is None
+    assert ops.segment_sums(tf.constant(np.ones(5, np.float32)), [2, 2]) is None
+    assert ops.segment_sums(tf.constant(np.ones(5, np.float32)), [6, -1]) is None
+
+
+def test_backend_norms_use_the_op_unless_kernels_are_off(ops, monkeypatch):
+    calls = []
+    monkeypatch.setattr(ops, "segment_sums", lambda x, lengths: calls.append(lengths))
+    backend = get_backend("tensorflow")
+    x = tf.constant(np.arange(10, dtype=np.float32))
+    assert list(backend.segment_norms(x, [4, 6])) == reference_norms(x.numpy(), [4, 6])
+    assert calls == [[4, 6]]
