@@ -92,11 +92,12 @@ def sampling_plan(numel: int, density: float, sample_ratio: float) -> SamplingPl
     return SamplingPlan(numel, k, num_samples, stride, top_samples)
 
 
-def sample_threshold(sample: np.ndarray, top: int) -> float:
-    """λ: the smallest of the ``top`` largest magnitudes of ``sample``; NaN when a NaN is among them
-    (NaN ranks above +Inf, as in ``Backend.topk_abs_indices``), and then nothing passes ``>= λ``."""
-    magnitudes = np.abs(sample)
-    return float(np.partition(magnitudes, magnitudes.size - top)[magnitudes.size - top:].min())
+def top_magnitudes(b: Any, x: Any, k: int) -> tuple[Any, float]:
+    """The indices of the k largest magnitudes of ``x`` (``Backend.topk_abs_indices``) and λ, the
+    smallest of them: NaN when a NaN is among them (NaN ranks above +Inf), and then nothing passes
+    ``>= λ``. Only those k values leave the device."""
+    idx = b.topk_abs_indices(x, k)
+    return idx, float(np.abs(b.to_numpy(b.take(x, idx))).min())
 
 
 def warmup_density(density: float, warmup_epochs: int, epoch: int) -> float:
@@ -223,10 +224,11 @@ class DGC(Algorithm):
         if plan.num_samples == ctx.numel:
             # λ is the k-th largest |a|; the first k of |a| >= λ in index order are the top k with
             # ties at the lowest indices (Backend.topk_abs_indices), unless λ is NaN: nothing passes
-            idx = b.topk_abs_indices(acc, plan.k)
-            control.threshold = threshold = sample_threshold(b.to_numpy(b.take(acc, idx)), plan.k)
+            idx, threshold = top_magnitudes(b, acc, plan.k)
+            control.threshold = threshold
             return b.slice(idx, 0, 0) if math.isnan(threshold) else idx
-        threshold = sample_threshold(b.to_numpy(self._sample(acc, plan, ctx)), plan.top_samples)
+        # |sample| is a contiguous copy of a strided view: the top-k kernels take it
+        threshold = top_magnitudes(b, b.abs(self._sample(acc, plan, ctx)), plan.top_samples)[1]
         idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
         return self._adapt(acc, idx, threshold, plan, control, ctx)
 
