@@ -15,15 +15,20 @@ import importlib.machinery
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
 
+from ..backends.exact import KernelSelection
 from . import KernelUnavailable
 
 CPU = Path(__file__).resolve().parent / "cpu"
 STEM = "_tf_ops"
-SOURCES = ("tf_ops.cc", "topk.cpp", "norms.cpp")
+SOURCES = ("tf_ops.cc", "topk.cpp", "norms.cpp", "accumulate.cpp")
 FIX = "rebuild it with `make install` (or `pip install -e .` in the repository)"
 _VALUES = (tf.float32, tf.float64)
+_INPUTS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
+_KINDS = {tf.float32: np.float32, tf.float64: np.float64}
+_NO_FACTOR = tf.constant(0.0, tf.float64)
 
 
 def library_path() -> Path | None:
@@ -74,3 +79,58 @@ def segment_sums(x: tf.Tensor, lengths: list[int]) -> tuple[list[float], list[in
         return None
     sums, depths = _OPS.hvd_sparse_segment_sumsq(tf.reshape(x, [-1]), tf.constant(lengths, tf.int64))
     return sums.numpy().tolist(), depths.numpy().tolist()
+
+
+def _on_cpu(*tensors: tf.Tensor) -> bool:
+    return not any("GPU" in (t.device or "").upper() for t in tensors)
+
+
+def accumulate_select(residual: tf.Tensor, tensors: list[tf.Tensor], lo: int, hi: int, threshold: float,
+                      probes: list[float], every: int, index_dtype: str, check_finite: bool,
+                      velocity: tf.Tensor | None, factor: float, nesterov: bool, in_place: bool
+                      ) -> tuple[tf.Tensor, tf.Tensor | None, tf.Tensor, list[float], bool] | None:
+    """The residual plus the tensors (through the momentum correction's ``velocity`` when given) and
+    in the same pass the ascending indices in [lo, hi) with |a| >= threshold and the probe counts
+    of ``count_at_least``: (accumulated, velocity, indices, counts, finite). With ``check_finite``
+    and an input holding NaN/Inf nothing is written (not finite, no indices). ``in_place``: the
+    residual and velocity are written where they are (the caller owns them); else copies are.
+    None where there is no kernel (a dtype, a device, a range or too many probes)."""
+    n = residual.shape.num_elements()
+    if (residual.dtype not in _VALUES or n is None or not 0 <= lo <= hi <= n or len(probes) > 8
+            or any(t.dtype not in _INPUTS for t in tensors) or not _on_cpu(residual, *tensors)
+            or sum(t.shape.num_elements() or 0 for t in tensors) != n
+            or (velocity is not None
+                and (velocity.dtype != residual.dtype or velocity.shape != residual.shape))):
+        return None
+    plan = KernelSelection.of(_KINDS[residual.dtype], lo, hi, threshold, probes, every)
+    acc, velocity_out, idx, counts, finite = _OPS.hvd_sparse_accumulate_select(
+        residual, residual[:0] if velocity is None else velocity, [tf.reshape(t, [-1]) for t in tensors],
+        tf.constant([lo, hi, plan.row_len, every, plan.sample_end], tf.int64),
+        tf.constant(plan.threshold, tf.float64), tf.constant(plan.probes, tf.float64, shape=[len(probes)]),
+        _NO_FACTOR if velocity is None else tf.constant(float(factor), tf.float64),
+        Tidx=index_dtype, check=check_finite, nesterov=nesterov, in_place=in_place)
+    finite = bool(finite)
+    counts = plan.scale(counts.numpy().tolist()) if finite else []
+    return acc, (None if velocity is None else velocity_out), (idx if finite else None), counts, finite
+
+
+def set_at(x: tf.Tensor, idx: tf.Tensor, values: tf.Tensor | None, in_place: bool) -> tf.Tensor | None:
+    """x with x[idx] = values (zeros without values), written in place with ``in_place`` (the
+    caller owns x); None where there is no kernel."""
+    if (x.dtype not in _VALUES or idx.dtype not in (tf.int32, tf.int64) or x.shape.rank != 1
+            or not _on_cpu(x, idx)):
+        return None
+    values = x[:0] if values is None else tf.cast(tf.reshape(values, [-1]), x.dtype)
+    return _OPS.hvd_sparse_set_at(x, tf.reshape(idx, [-1]), values, in_place=in_place)
+
+
+def scatter_split(idx: tf.Tensor, values: tf.Tensor, sizes: list[int]) -> list[tf.Tensor] | None:
+    """The dense vector with ``values`` at ``idx`` (duplicates summed in order from zeros, as
+    ``tf.scatter_nd``) cut into new vectors of ``sizes``, each written once; None where there is
+    no kernel."""
+    idx = tf.convert_to_tensor(idx)
+    if (values.dtype not in _VALUES or idx.dtype not in (tf.int32, tf.int64) or not sizes
+            or min(sizes) < 0 or not _on_cpu(idx, values)):
+        return None
+    return _OPS.hvd_sparse_scatter_split(tf.reshape(idx, [-1]), tf.reshape(values, [-1]), sizes=sizes,
+                                         N=len(sizes))

@@ -267,6 +267,13 @@ class Backend:
         n = sum(self.numel(t) for t in tensors)
         return self.split_like(self.scatter(n, idx, values), tensors)
 
+    def scatter_split(self, n: int, idx: Array, values: Array, tensors: list[Array],
+                      like: Array | None = None) -> list[Array]:
+        """``split_like(scatter(n, idx, values))``: the dense length-n vector holding ``values`` at
+        ``idx`` (duplicates summed in order) as new tensors shaped like ``tensors``; a backend may
+        write each piece directly, without the dense vector."""
+        return self.split_like(self.scatter(n, idx, values, like=like), tensors)
+
     def split_like(self, flat: Array, tensors: list[Array]) -> list[Array]:
         """Cut a flat vector back into tensors with the shapes and dtypes of ``tensors``."""
         out, offset = [], 0

@@ -11,6 +11,7 @@ magnitudes order by integer keys (``MAGNITUDE_KEYS``); a sampled count reads the
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from fractions import Fraction
 from typing import Any
 
@@ -26,6 +27,38 @@ def sample_shape(length: int, every: int) -> tuple[int, int] | None:
     if every <= 1 or length < rows * 16:
         return None
     return rows, length // rows
+
+
+@dataclass(frozen=True)
+class KernelSelection:
+    """The arguments a CPU kernel takes for a selection in [lo, hi) with probe counts (accumulate.cpp),
+    shared by the torch and TensorFlow wrappers: the threshold and probes rounded to the vector's
+    dtype (as NumPy and torch round a Python float they compare an array with; beyond the dtype's
+    range to Inf), and the sampled rows' geometry, with which ``scale`` turns the kernel's raw
+    counts into ``count_at_least``'s estimates."""
+
+    threshold: float
+    probes: tuple[float, ...]
+    length: int
+    row_len: int
+    sample_end: int
+    sampled: int
+
+    @classmethod
+    def of(cls, kind: type, lo: int, hi: int, threshold: float, probes: list[float],
+           every: int) -> KernelSelection:
+        """The selection's arguments for a vector of NumPy type ``kind``."""
+        with np.errstate(over="ignore"):
+            rounded = float(kind(threshold)), tuple(float(kind(p)) for p in probes)
+        length = hi - lo
+        shape = sample_shape(length, every)
+        row_len, sample_end = (0, 0) if shape is None else (shape[1], shape[0] * shape[1])
+        sampled = length if shape is None else len(range(0, shape[0], every)) * shape[1]
+        return cls(*rounded, length, row_len, sample_end, sampled)
+
+    def scale(self, counts: list[int]) -> list[float]:
+        """The kernel's counts over the sampled rows, scaled to the whole range."""
+        return [float(c) * self.length / self.sampled if self.sampled else 0.0 for c in counts]
 
 
 UNIT_ROUNDOFF = 2.0 ** -53

@@ -2,11 +2,19 @@
 graph), so these are plain eager TF ops on immutable tensors: every method returns a new tensor.
 
 An eager op costs tens of microseconds whatever its size, so a bucket of many tensors is not
-walked tensor by tensor here: the TensorFlow face flattens and concatenates a bucket's gradients
-in its graph (``pack``), hands the engine a ``Packed`` bucket -- the tensors' specs, with that
-vector -- and cuts the average back into tensors in the graph (``unpack``). The ops that take a
-bucket's tensors (``accumulate``, ``tensors_finite``, ``split_like``) then work on the one vector:
-the same TF ops on the same values, so the same bits (docs/architecture.md#tensorflow-face).
+walked tensor by tensor here: the TensorFlow face hands the engine a ``Packed`` bucket -- the
+tensors' specs, with the tensors themselves flattened (``parts``) -- and gets back a ``Packed``
+average whose parts it shapes into the tensors (``unpack``). The op library's kernels read and
+write the parts directly; the reference ops work on their concatenation (``Packed.flat``, made
+on first use): the same TF ops on the same values, so the same bits
+(docs/architecture.md#tensorflow-face).
+
+With the op library (kernels/tf_ops.py), the ops that take the residual or the velocity first
+(``accumulate``, ``accumulate_select``, ``zero_at``, ``put``) write it in place, as the torch
+backend does: a new tensor the size of the model every step would cost its page faults, which
+on a virtual machine took longer than the arithmetic. Only a tensor this backend owns is written
+so (``_own``: one it made with ``zeros`` or ``copy``, or one of those ops returned); any other
+first argument is copied first, so a caller's tensor is never changed.
 """
 
 from __future__ import annotations
@@ -18,6 +26,7 @@ import tensorflow as tf
 
 from .. import kernels
 from .base import Backend
+from .contract import Selected
 from .exact import (
     MAGNITUDE_KEYS,
     float32_norms,
@@ -26,22 +35,43 @@ from .exact import (
 )
 
 _FEW_SEGMENTS = 8   # segment_norms: up to this many segments, one reduction each
+_OWNED = "_hvd_sparse_owned"
+
+
+def _own(x: tf.Tensor) -> tf.Tensor:
+    """x, marked as a tensor only this backend holds, which its in-place ops may write."""
+    setattr(x, _OWNED, True)
+    return x
+
+
+def _owned(x) -> bool:
+    return getattr(x, _OWNED, False) and tf.executing_eagerly()
+
+
+def _inputs(tensors) -> list:
+    return tensors.parts if isinstance(tensors, Packed) else list(tensors)
 
 
 class Packed(list):
     """A bucket's tensors as the engine sees them from the TensorFlow face: a list of their
-    ``tf.TensorSpec`` (shapes and dtypes: what the engine reads of each tensor) with ``flat``, the
-    values of all of them flattened and concatenated in one vector of ``packed_dtype``. The
-    backend's bucket ops read ``flat``; ``split_like`` returns a ``Packed`` whose ``flat`` is the
-    average, which the face cuts into the tensors (``unpack``)."""
+    ``tf.TensorSpec`` (shapes and dtypes: what the engine reads of each tensor) with ``parts``,
+    the tensors' values flattened, each in its own dtype. ``flat`` is their concatenation in
+    ``packed_dtype``, made when a reference op first needs it (the kernels read the parts)."""
 
-    def __init__(self, specs: Sequence[tf.TensorSpec], flat: tf.Tensor):
+    def __init__(self, specs: Sequence[tf.TensorSpec], parts: Sequence[tf.Tensor]):
         super().__init__(specs)
-        self.flat = flat
+        self.parts = [tf.reshape(p, [-1]) for p in parts]
+        self._flat: tf.Tensor | None = None
+
+    @property
+    def flat(self) -> tf.Tensor:
+        if self._flat is None:
+            self._flat = pack(self.parts)
+        return self._flat
 
 
 def packed_dtype(dtypes: Sequence[str]) -> str:
-    """The dtype a bucket travels in, packed: the gradients' own when they share one, else the
+    """The dtype a bucket's ``flat`` is in: the gradients' own when they share one, else the
     residual's (float64 if any is, else float32); every conversion into it is exact."""
     if len(set(dtypes)) == 1:
         return dtypes[0]
@@ -49,19 +79,17 @@ def packed_dtype(dtypes: Sequence[str]) -> str:
 
 
 def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
-    """Graph ops: the tensors flattened and concatenated, in ``packed_dtype``."""
+    """The tensors flattened and concatenated, in ``packed_dtype``."""
     dtype = packed_dtype([t.dtype.name for t in tensors])
     flats = [tf.cast(tf.reshape(t, [-1]), dtype) for t in tensors]
     return tf.concat(flats, axis=0) if len(flats) > 1 else flats[0]
 
 
-def unpack(flat: tf.Tensor, specs: Sequence[tf.TensorSpec]) -> list[tf.Tensor]:
-    """Graph ops: ``flat`` cut into tensors shaped as ``specs``, each cast to its spec's dtype
-    (what ``Backend.split_like`` computes)."""
-    sizes = [spec.shape.num_elements() for spec in specs]
-    pieces = tf.split(flat, sizes) if len(sizes) > 1 else [flat]
+def unpack(parts: Sequence[tf.Tensor], specs: Sequence[tf.TensorSpec]) -> list[tf.Tensor]:
+    """Graph ops: the flat ``parts`` shaped as ``specs``, each cast to its spec's dtype (what
+    ``Backend.split_like`` computes)."""
     return [tf.cast(tf.reshape(piece, spec.shape), spec.dtype)
-            for piece, spec in zip(pieces, specs, strict=True)]
+            for piece, spec in zip(parts, specs, strict=True)]
 
 
 def _column(idx) -> tf.Tensor:
@@ -80,6 +108,9 @@ class TensorFlowBackend(Backend):
     name = "tensorflow"
 
     def accumulate(self, residual, tensors, clear_inputs=False, momentum=None):
+        done = self._fused(residual, tensors, 0, 0, 0.0, (), 1, "int64", False, momentum)
+        if done is not None:
+            return done.acc
         if not isinstance(tensors, Packed):
             return super().accumulate(residual, tensors, clear_inputs, momentum)
         if momentum is not None:
@@ -91,13 +122,53 @@ class TensorFlowBackend(Backend):
             self.clear(tensors)
         return out
 
+    def accumulate_select(self, residual, tensors, lo, hi, threshold, probes=(), every=1,
+                          index_dtype="int64", clear_inputs=False, check_finite=False, momentum=None):
+        done = self._fused(residual, tensors, lo, hi, threshold, probes, every, index_dtype,
+                           check_finite, momentum)
+        if done is not None:
+            return done
+        return super().accumulate_select(residual, tensors, lo, hi, threshold, probes, every,
+                                         index_dtype, clear_inputs, check_finite, momentum)
+
+    def _fused(self, residual, tensors, lo, hi, threshold, probes, every, index_dtype, check_finite,
+               momentum) -> Selected | None:
+        """The op library's one-pass accumulate-and-select, writing the residual and the velocity
+        in place when this backend owns them; None without a kernel. (``clear_inputs`` is moot:
+        TensorFlow's inputs are never written.)"""
+        ops = kernels.tensorflow_ops()
+        if ops is None:
+            return None
+        velocity = None if momentum is None else momentum.buffer
+        in_place = _owned(residual) and (velocity is None or _owned(velocity))
+        done = ops.accumulate_select(residual, _inputs(tensors), lo, hi, threshold, list(probes), every,
+                                     index_dtype, check_finite, velocity,
+                                     0.0 if momentum is None else momentum.factor,
+                                     momentum is not None and momentum.nesterov, in_place)
+        if done is None:
+            return None
+        acc, velocity, idx, counts, finite = done
+        if not finite:   # nothing written: the inputs themselves came back
+            return Selected(residual, None, [], False)
+        if momentum is not None:
+            momentum.buffer = _own(velocity)
+        return Selected(_own(acc), idx, counts, True)
+
     def split_like(self, flat, tensors):
         if isinstance(tensors, Packed):
-            return Packed(tensors, flat)
+            return Packed(tensors, tf.split(flat, [spec.shape.num_elements() for spec in tensors]))
         return super().split_like(flat, tensors)
 
+    def scatter_split(self, n, idx, values, tensors, like=None):
+        ops = kernels.tensorflow_ops()   # each tensor's piece written once, no dense vector
+        parts = None if ops is None or not isinstance(tensors, Packed) else ops.scatter_split(
+            idx, values, [spec.shape.num_elements() for spec in tensors])
+        if parts is None:
+            return super().scatter_split(n, idx, values, tensors, like)
+        return Packed(tensors, parts)
+
     def zeros(self, n, dtype="float32", like=None):
-        return tf.zeros([n], dtype=dtype)
+        return _own(tf.fill([n], tf.constant(0, dtype=dtype)))   # Fill: a buffer of its own
 
     def from_numpy(self, array, like=None):
         return tf.convert_to_tensor(np.asarray(array))
@@ -106,7 +177,7 @@ class TensorFlowBackend(Backend):
         return x.numpy()
 
     def copy(self, x):
-        return tf.identity(x)
+        return _own(tf.raw_ops.DeepCopy(x=x))   # not tf.identity, which shares x's buffer
 
     def flat(self, x):
         return tf.reshape(x, [-1])
@@ -176,8 +247,8 @@ class TensorFlowBackend(Backend):
         return numpy_mean_std(tf.cast(x, tf.float64).numpy() if x.dtype == tf.bfloat16 else x.numpy())
 
     def tensors_finite(self, tensors):
-        if isinstance(tensors, Packed):   # one vector: the same verdict (a sum is finite iff...)
-            tensors = [tensors.flat]
+        if isinstance(tensors, Packed):
+            tensors = tensors.parts
         total = tf.add_n([tf.reduce_sum(tf.cast(t, tf.float32)) for t in tensors])
         if bool(tf.math.is_finite(total)):
             return True
@@ -230,12 +301,24 @@ class TensorFlowBackend(Backend):
         return tf.gather(x, idx)
 
     def zero_at(self, x, idx):
+        done = self._set_at(x, idx, None)
+        if done is not None:
+            return done
         column = _column(idx)
         count = [column.shape[0]] if column.shape[0] is not None else tf.shape(column)[:1]
         return tf.tensor_scatter_nd_update(x, column, tf.zeros(count, dtype=x.dtype))
 
     def put(self, x, idx, values):
+        done = self._set_at(x, idx, values)
+        if done is not None:
+            return done
         return tf.tensor_scatter_nd_update(x, _column(idx), tf.cast(values, x.dtype))
+
+    def _set_at(self, x, idx, values):
+        """x[idx] = values (zeros without) by the op library, in place when this backend owns x."""
+        ops = kernels.tensorflow_ops()
+        done = None if ops is None else ops.set_at(x, tf.convert_to_tensor(idx), values, _owned(x))
+        return None if done is None else _own(done)
 
     def scatter(self, n, idx, values, like=None):
         return tf.scatter_nd(_column(idx), values, [n])

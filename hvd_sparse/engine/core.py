@@ -321,7 +321,7 @@ class Engine:
         b = self.backend
         if self.write_into_inputs:
             return b.scatter_into(tensors, out.at, out.average, out.unique, zeroed=picked.cleared)
-        return b.split_like(b.scatter(bucket.numel, out.at, out.average, like=out.residual), tensors)
+        return b.scatter_split(bucket.numel, out.at, out.average, tensors, like=out.residual)
 
     def _context(self, bucket: Bucket) -> StepContext:
         corrections, density = self.algorithm.corrections, None

@@ -44,7 +44,7 @@ from tensorflow.python.framework.func_graph import FuncGraph
 
 from ..algorithms.base import MODEL, TENSOR, Algorithm
 from ..backends import get_backend
-from ..backends.tf_backend import Packed, pack, unpack
+from ..backends.tf_backend import Packed, unpack
 from ..comm import Collective, run_blocking
 from ..comm.horovod_tf import HorovodTFComm
 from ..engine import Engine
@@ -97,10 +97,11 @@ def _specs(tensors: list) -> tuple:
     return tuple(tf.TensorSpec(t.shape, t.dtype) for t in tensors)
 
 
-def _flat_of(average: Any, inputs: Any) -> Any:
-    """A bucket step's packed average (fp32): ``Packed.flat``, or the packed input itself for a
-    bucket the engine returned untouched (every tensor empty)."""
-    return average.flat if isinstance(average, Packed) else tf.cast(inputs[0], tf.float32)
+def _parts_of(average: Any, inputs: Any) -> list:
+    """A bucket step's average (fp32), flat, one vector per tensor: ``Packed.parts``, or the
+    inputs themselves for a bucket the engine returned untouched (every tensor empty)."""
+    parts = average.parts if isinstance(average, Packed) else inputs
+    return [tf.cast(tf.reshape(p, [-1]), tf.float32) for p in parts]
 
 
 def _placeholder(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -254,12 +255,14 @@ class SparseCompressor(FaceBase, Compressor):
         position = {key: i for i, key in enumerate(keys)}
         buckets = [(bucket, [grads[position[key]] for key in members]) for bucket, members in plan]
         if self.algorithm.scope == MODEL or len(plan) == 1 or not self._phases_known(buckets):
-            inputs = [pack(tensors) for _, tensors in buckets]
+            inputs = [t for _, tensors in buckets for t in tensors]
             averages = tf.py_function(
                 functools.partial(self._run_blocking, [(bucket, _specs(ts)) for bucket, ts in buckets]),
                 inputs, Tout=[tf.float32] * len(inputs))   # the average is fp32 (engine/patterns.py)
-            results = [unpack(average, _specs(tensors)) for average, (_, tensors) in zip(
-                averages, buckets, strict=True)]
+            results, offset = [], 0
+            for _, tensors in buckets:
+                results.append(unpack(averages[offset:offset + len(tensors)], _specs(tensors)))
+                offset += len(tensors)
         else:
             results = self._phased_graphs(buckets)
         outputs: list = [None] * len(grads)
@@ -291,20 +294,21 @@ class SparseCompressor(FaceBase, Compressor):
                                            tuple(t.shape.num_elements() for t in ts))
                      for key, ts in buckets]
         specs = [_specs(ts) for _, ts in buckets]
-        inputs: list = [[pack(ts)] for _, ts in buckets]
+        inputs: list = [list(ts) for _, ts in buckets]
         outputs: list = [None] * len(buckets)
         for position in range(max(len(s) for s in schedules) + 1):
             active = [i for i, s in enumerate(schedules) if position <= len(s)]
             plan = [(buckets[i][0], schedules[i][position] if position < len(schedules[i]) else None,
                      specs[i], len(inputs[i])) for i in active]
-            tout = [dtype for _, phase, _, _ in plan for _, _, dtype in phase or [(None, None, tf.float32)]]
+            tout = [dtype for _, phase, specs_i, _ in plan
+                    for _, _, dtype in phase or [(None, None, tf.float32)] * len(specs_i)]
             flat = tf.py_function(functools.partial(self._advance_all, position, plan),
                                   [t for i in active for t in inputs[i]], Tout=tout)
             offset = 0
             for i, (_, phase, _, _) in zip(active, plan, strict=True):
-                if phase is None:   # finished: the packed fp32 average (engine/patterns.py)
-                    outputs[i] = unpack(flat[offset], specs[i])
-                    offset += 1
+                if phase is None:   # finished: the fp32 average, a vector per tensor (engine/patterns.py)
+                    outputs[i] = unpack(flat[offset:offset + len(specs[i])], specs[i])
+                    offset += len(specs[i])
                     continue
                 inputs[i] = [self._comm.graph_op(op, t, name) for (op, name, _), t in
                              zip(phase, flat[offset:offset + len(phase)], strict=True)]
@@ -328,13 +332,14 @@ class SparseCompressor(FaceBase, Compressor):
     def _advance(self, key: str, position: int, expected: list | None, specs: tuple, *results) -> list:
         """Phase ``position`` of bucket ``key``'s step, run by its ``tf.py_function``: the tensors
         of the next phase's collectives (checked against ``expected``, what the graph was built
-        for), or the bucket's packed average after the last. ``results`` are the packed gradients
-        (``specs``: the tensors') at position 0, else what the last phase's collectives returned."""
+        for), or the bucket's average after the last (a flat vector per tensor). ``results`` are
+        the gradients (``specs``: theirs) at position 0, else what the last phase's collectives
+        returned."""
         if position == 0:
             if not self._step.inflight:   # the first phase of a step's first tensor
                 self._follow_world()
                 self._step = _Step()
-            protocol = self._engine.step(key, Packed(specs, results[0]), check_layout=False)
+            protocol = self._engine.step(key, Packed(specs, results), check_layout=False)
             self._step.inflight[key] = protocol
             sent = None
         else:
@@ -344,7 +349,7 @@ class SparseCompressor(FaceBase, Compressor):
             phase: list[Collective] = next(protocol) if sent is None else protocol.send(sent)
         except StopIteration as done:
             del self._step.inflight[key]
-            return [_flat_of(done.value, results)]
+            return _parts_of(done.value, results)
         if expected is None or [(c.op, c.name) for c in phase] != [(op, n) for op, n, _ in expected]:
             raise RankMismatchError(f"step of {key!r} issued {[c.signature() for c in phase]}, the "
                                     f"graph was built for {expected}")
@@ -352,14 +357,17 @@ class SparseCompressor(FaceBase, Compressor):
 
     def _run_blocking(self, layout: list[tuple[str, tuple]], *grads) -> list:
         """Every bucket of ``layout`` ((bucket, its tensors' specs), in plan order, the same on
-        every rank) one after the other, with eager blocking collectives; ``grads``: each
-        bucket's packed gradients. Each bucket's packed average."""
+        every rank) one after the other, with eager blocking collectives; ``grads``: every
+        bucket's gradients, in order. Every bucket's average, a flat vector per tensor."""
         self._follow_world()
         engine, outputs, done = self._engine, [], []
         try:
-            for (key, specs), flat in zip(layout, grads, strict=True):
-                average = run_blocking(engine.step(key, Packed(specs, flat)), self._comm.execute)
-                outputs.append(_flat_of(average, [flat]))
+            offset = 0
+            for key, specs in layout:
+                tensors = grads[offset:offset + len(specs)]
+                offset += len(specs)
+                average = run_blocking(engine.step(key, Packed(specs, tensors)), self._comm.execute)
+                outputs += _parts_of(average, tensors)
                 done.append(key)
         except FloatingPointError:
             # Raised on every rank at the same bucket (nonfinite="raise"): the buckets that

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ...backends.contract import Moments, Norms, Selected
-from ...backends.exact import float32_norms, mean_std_from_sums, sample_shape
+from ...backends.exact import KernelSelection, float32_norms, mean_std_from_sums
 from ._library import bind
 from .norms import exact_mean_std
 
@@ -165,35 +165,27 @@ def _accumulating(residual, tensors, clear_inputs, kernel, *rest):
 
 
 class _Selected:
-    """The arguments and output buffer of a selection in [lo, hi) with probe counts, and the
-    counts scaled as the reference's ``count_at_least`` scales its sample."""
+    """The arguments and output buffer of a selection in [lo, hi) with probe counts
+    (``exact.KernelSelection``), and its result."""
 
     def __init__(self, dtype: torch.dtype, lo: int, hi: int, threshold: float, probes: list[float],
                  every: int, index_dtype: torch.dtype):
-        # Thresholds rounded to the vector's dtype, as NumPy and torch round a Python float they
-        # compare an array with.
-        kind = _RESIDUAL_TYPES[dtype]
-        with np.errstate(over="ignore"):   # beyond the dtype: rounds to Inf, as the reference's does
-            self.threshold = float(kind(threshold))
-            rounded = [float(kind(p)) for p in probes]
-        self.length = hi - lo
+        self.plan = plan = KernelSelection.of(_RESIDUAL_TYPES[dtype], lo, hi, threshold, probes, every)
+        self.length = plan.length
         self.probes = len(probes)
-        self.rounded = (ctypes.c_double * max(len(probes), 1))(*rounded)
+        self.rounded = (ctypes.c_double * max(len(probes), 1))(*plan.probes)
         self.counts = (_i64 * max(len(probes), 1))()
-        shape = sample_shape(self.length, every)
-        self.row_len, self.sample_end = (0, 0) if shape is None else (shape[1], shape[0] * shape[1])
-        self.sampled = self.length if shape is None else len(range(0, shape[0], every)) * shape[1]
         self.every = every
         self.out = torch.empty(self.length, dtype=index_dtype)
 
     def arguments(self) -> tuple:
         """threshold, out, index bits, probes, num_probes, row_len, every, sample_end, counts."""
-        return (self.threshold, self.out.data_ptr(), _INDEX_BITS[self.out.dtype], self.rounded, self.probes,
-                self.row_len, self.every, self.sample_end, self.counts)
+        plan = self.plan
+        return (plan.threshold, self.out.data_ptr(), _INDEX_BITS[self.out.dtype], self.rounded, self.probes,
+                plan.row_len, self.every, plan.sample_end, self.counts)
 
     def result(self, selected: int) -> tuple[torch.Tensor, list[float]]:
-        scaled = [float(c) * self.length / self.sampled if self.sampled else 0.0
-                  for c in self.counts[:self.probes]]
+        scaled = self.plan.scale(self.counts[:self.probes])
         # A short selection is copied out so the buffer (room for the whole range) is freed.
         out = self.out
         return (out[:selected] if 2 * selected > self.length else out[:selected].clone()), scaled

@@ -8,8 +8,26 @@
 // ascending int32/int64 indices, with the tie rule of Backend.topk_abs_indices (topk.cpp).
 // HvdSparseSegmentSumsq(x, lengths) -> (sums, depths): the float64 sums of squares of consecutive
 // segments of x (flattened) and each sum's rounding depth (norms.cpp: DEFT's per-unit norms).
+// HvdSparseAccumulateSelect(residual, velocity, inputs, ...) -> (accumulated, velocity, indices,
+// counts, finite): error feedback's accumulation of the inputs (optionally through the momentum
+// correction's velocity) and the threshold selection in one pass (accumulate.cpp).
+// HvdSparseSetAt(x, idx, values) -> x with x[idx] = values (zeros when values is empty).
+// HvdSparseScatterSplit(idx, values) -> parts: the dense vector with values at idx (duplicates
+// summed in order, from zeros, as tf.scatter_nd sums them) cut into pieces of the given sizes,
+// each written once: no dense vector of the whole bucket.
+//
+// The last two update their first inputs in place when in_place is set: the outputs are those
+// inputs, written. TensorFlow's tensors are otherwise immutable, and a new tensor the size of a
+// model every step costs its page faults (a fresh allocation that large is mapped anew on every
+// call), which on a virtual machine took longer than the arithmetic. The caller sets in_place
+// only for a tensor it owns: one these ops or the backend made, which nothing else reads
+// (hvd_sparse/backends/tf_backend.py); without it they write a copy.
 
+#include <algorithm>
 #include <cstdint>
+#include <cstring>
+#include <type_traits>
+#include <vector>
 
 #include "tensorflow/core/framework/op.h"
 #include "tensorflow/core/framework/op_kernel.h"
@@ -23,6 +41,20 @@ int hvd_sparse_topk_abs_f64_i64(const void* x, int64_t n, int64_t k, int64_t* ou
 int64_t hvd_sparse_segment_sumsq_depth(int64_t length);
 int hvd_sparse_segment_sumsq_f32(const float* x, const int64_t* lengths, int64_t count, double* sums);
 int hvd_sparse_segment_sumsq_f64(const double* x, const int64_t* lengths, int64_t count, double* sums);
+int hvd_sparse_all_finite(const void* data, int64_t n, int dtype);
+int64_t hvd_sparse_accumulate_select(void* residual, int residual_dtype, const void* const* inputs,
+                                     const int* dtypes, const int64_t* sizes, int num_inputs,
+                                     int clear, int64_t lo, int64_t hi, double threshold, void* out,
+                                     int index_bits, const double* probes, int num_probes,
+                                     int64_t row_len, int64_t every, int64_t sample_end,
+                                     int64_t* counts);
+int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype, const void* const* inputs,
+                                              const int* dtypes, const int64_t* sizes, int num_inputs,
+                                              int clear, void* momentum, double factor, int nesterov,
+                                              int check, int64_t lo, int64_t hi, double threshold, void* out,
+                                              int index_bits, const double* probes, int num_probes,
+                                              int64_t row_len, int64_t every, int64_t sample_end,
+                                              int64_t* counts);
 }
 
 namespace {
@@ -113,7 +145,299 @@ class SegmentSumsqOp : public OpKernel {
   }
 };
 
+// accumulate.cpp's dtype codes; -1 for a type it has no kernel for.
+int dtype_code(tensorflow::DataType type) {
+  switch (type) {
+    case tensorflow::DT_HALF: return 0;
+    case tensorflow::DT_BFLOAT16: return 1;
+    case tensorflow::DT_FLOAT: return 2;
+    case tensorflow::DT_DOUBLE: return 3;
+    default: return -1;
+  }
+}
+
+// The tensor an in-place op writes: input `index` itself with in_place, else a copy of it as a
+// new output. Either way it becomes output `index`; nullptr after a failed allocation.
+Tensor* writable(OpKernelContext* context, int index, bool in_place) {
+  const Tensor& input = context->input(index);
+  if (in_place) {
+    context->set_output(index, input);
+    return context->mutable_output(index);
+  }
+  Tensor* out = nullptr;
+  if (!context->allocate_output(index, input.shape(), &out).ok()) return nullptr;
+  std::memcpy(const_cast<char*>(out->tensor_data().data()), input.tensor_data().data(),
+              input.tensor_data().size());
+  return out;
+}
+
+void* data_of(const Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
+
+// Inputs: residual (R), velocity (R; empty without the momentum correction), the inputs (Tin),
+// bounds (int64: lo, hi, row_len, every, sample_end), threshold, probes and factor (double; the
+// threshold and probes already rounded to R). Outputs: the accumulated residual, the velocity,
+// the ascending indices in [lo, hi) with |a| >= threshold, the probes' raw counts over the
+// sampled rows, and whether the inputs were finite (with check; when not, nothing is written).
+template <typename R, typename I>
+class AccumulateSelectOp : public OpKernel {
+ public:
+  explicit AccumulateSelectOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("check", &check_));
+    OP_REQUIRES_OK(context, context->GetAttr("nesterov", &nesterov_));
+    OP_REQUIRES_OK(context, context->GetAttr("in_place", &in_place_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& residual_in = context->input(0);
+    const Tensor& velocity_in = context->input(1);
+    tensorflow::OpInputList inputs;
+    OP_REQUIRES_OK(context, context->input_list("inputs", &inputs));
+    const Tensor *bounds_in, *threshold_in, *probes_in, *factor_in;   // after the list: by name
+    OP_REQUIRES_OK(context, context->input("bounds", &bounds_in));
+    OP_REQUIRES_OK(context, context->input("threshold", &threshold_in));
+    OP_REQUIRES_OK(context, context->input("probes", &probes_in));
+    OP_REQUIRES_OK(context, context->input("factor", &factor_in));
+    const Tensor& bounds = *bounds_in;
+    const Tensor& probes = *probes_in;
+    const int64_t n = residual_in.NumElements();
+    OP_REQUIRES(context, bounds.NumElements() == 5 && probes.NumElements() <= 8,
+                tensorflow::errors::InvalidArgument("bounds needs 5 entries and probes at most 8"));
+    const auto b = bounds.flat<int64_t>();
+    const int64_t lo = b(0), hi = b(1);
+    OP_REQUIRES(context, 0 <= lo && lo <= hi && hi <= n,
+                tensorflow::errors::InvalidArgument("[", lo, ", ", hi, ") outside the residual's ", n));
+    const bool momentum = velocity_in.NumElements() > 0;
+    OP_REQUIRES(context, !momentum || velocity_in.NumElements() == n,
+                tensorflow::errors::InvalidArgument("the velocity must be as long as the residual"));
+    std::vector<const void*> pointers;
+    std::vector<int> dtypes;
+    std::vector<int64_t> sizes;
+    int64_t total = 0;
+    for (const Tensor& t : inputs) {
+      pointers.push_back(t.tensor_data().data());
+      dtypes.push_back(dtype_code(t.dtype()));
+      sizes.push_back(t.NumElements());
+      total += t.NumElements();
+    }
+    OP_REQUIRES(context, total == n,
+                tensorflow::errors::InvalidArgument("the inputs hold ", total, " entries, the residual ", n));
+    const int count = static_cast<int>(pointers.size());
+    if (check_) {   // before anything is written or any output set
+      for (int k = 0; k < count; ++k) {
+        if (hvd_sparse_all_finite(pointers[k], sizes[k], dtypes[k]) != 1) return NotFinite(context, probes);
+      }
+    }
+    Tensor* residual = writable(context, 0, in_place_);
+    Tensor* velocity = writable(context, 1, in_place_);
+    OP_REQUIRES(context, residual != nullptr && velocity != nullptr,
+                tensorflow::errors::ResourceExhausted("no memory for the accumulated vector"));
+    Tensor room;
+    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DataTypeToEnum<I>::value,
+                                                   TensorShape({hi - lo}), &room));
+    Tensor* counts = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({probes.NumElements()}), &counts));
+    const int num_probes = static_cast<int>(probes.NumElements());
+    const double threshold = threshold_in->scalar<double>()();
+    const int code = std::is_same<R, float>::value ? 2 : 3;
+    const int bits = std::is_same<I, int32_t>::value ? 32 : 64;
+    int64_t selected;
+    if (momentum) {
+      selected = hvd_sparse_momentum_accumulate_select(
+          data_of(residual), code, pointers.data(), dtypes.data(), sizes.data(), count, 0,
+          data_of(velocity), factor_in->scalar<double>()(), nesterov_, 0, lo, hi,
+          threshold, data_of(&room), bits, probes.flat<double>().data(), num_probes, b(2), b(3), b(4),
+          counts->flat<int64_t>().data());
+    } else {
+      selected = hvd_sparse_accumulate_select(
+          data_of(residual), code, pointers.data(), dtypes.data(), sizes.data(), count, 0, lo, hi,
+          threshold, data_of(&room), bits, probes.flat<double>().data(), num_probes, b(2), b(3), b(4),
+          counts->flat<int64_t>().data());
+    }
+    OP_REQUIRES(context, selected >= 0,
+                tensorflow::errors::InvalidArgument("accumulate kernel refused its arguments, status ", selected));
+    Tensor* indices = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({selected}), &indices));
+    std::memcpy(data_of(indices), data_of(&room), sizeof(I) * selected);
+    Tensor* finite = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(4, TensorShape({}), &finite));
+    finite->scalar<bool>()() = true;
+  }
+
+ private:
+  // Nothing written: the residual and the velocity as they came, no indices, zero counts.
+  void NotFinite(OpKernelContext* context, const Tensor& probes) {
+    context->set_output(0, context->input(0));
+    context->set_output(1, context->input(1));
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({0}), &out));
+    OP_REQUIRES_OK(context, context->allocate_output(3, TensorShape({probes.NumElements()}), &out));
+    for (int64_t p = 0; p < probes.NumElements(); ++p) out->flat<int64_t>()(p) = 0;
+    OP_REQUIRES_OK(context, context->allocate_output(4, TensorShape({}), &out));
+    out->scalar<bool>()() = false;
+  }
+
+  bool check_ = false, nesterov_ = false, in_place_ = false;
+};
+
+// x with x[idx[j]] = values[j] (zero for every j when values is empty), in place with in_place.
+template <typename T, typename I>
+class SetAtOp : public OpKernel {
+ public:
+  explicit SetAtOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("in_place", &in_place_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const auto idx = context->input(1).flat<I>();
+    const Tensor& values = context->input(2);
+    const int64_t n = x.NumElements(), k = idx.size();
+    OP_REQUIRES(context, values.NumElements() == 0 || values.NumElements() == k,
+                tensorflow::errors::InvalidArgument("values must be empty or one per index"));
+    for (int64_t j = 0; j < k; ++j) {
+      OP_REQUIRES(context, 0 <= idx(j) && idx(j) < n,
+                  tensorflow::errors::InvalidArgument("index ", idx(j), " outside [0, ", n, ")"));
+    }
+    Tensor* out = writable(context, 0, in_place_);
+    OP_REQUIRES(context, out != nullptr, tensorflow::errors::ResourceExhausted("no memory for a copy"));
+    T* y = static_cast<T*>(data_of(out));
+    if (values.NumElements() == 0) {
+      for (int64_t j = 0; j < k; ++j) y[idx(j)] = T(0);
+    } else {
+      const auto v = values.flat<T>();
+      for (int64_t j = 0; j < k; ++j) y[idx(j)] = v(j);
+    }
+  }
+
+ private:
+  bool in_place_ = false;
+};
+
+template <typename T, typename I>
+class ScatterSplitOp : public OpKernel {
+ public:
+  explicit ScatterSplitOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("sizes", &sizes_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const auto idx = context->input(0).flat<I>();
+    const auto values = context->input(1).flat<T>();
+    OP_REQUIRES(context, idx.size() == values.size(),
+                tensorflow::errors::InvalidArgument("one value per index needed"));
+    std::vector<int64_t> starts{0};
+    std::vector<T*> pieces;
+    for (size_t p = 0; p < sizes_.size(); ++p) {
+      Tensor* out = nullptr;
+      OP_REQUIRES_OK(context, context->allocate_output(static_cast<int>(p), TensorShape({sizes_[p]}), &out));
+      std::memset(data_of(out), 0, sizeof(T) * sizes_[p]);
+      pieces.push_back(static_cast<T*>(data_of(out)));
+      starts.push_back(starts.back() + sizes_[p]);
+    }
+    for (int64_t j = 0; j < idx.size(); ++j) {
+      const int64_t at = idx(j);
+      OP_REQUIRES(context, 0 <= at && at < starts.back(),
+                  tensorflow::errors::InvalidArgument("index ", at, " outside [0, ", starts.back(), ")"));
+      const size_t p = std::upper_bound(starts.begin(), starts.end(), at) - starts.begin() - 1;
+      pieces[p][at - starts[p]] += values(j);
+    }
+  }
+
+ private:
+  std::vector<int64_t> sizes_;
+};
+
 }  // namespace
+
+REGISTER_OP("HvdSparseScatterSplit")
+    .Input("idx: Tidx")
+    .Input("values: T")
+    .Output("parts: N * T")
+    .Attr("T: {float, double}")
+    .Attr("Tidx: {int32, int64}")
+    .Attr("N: int >= 1")
+    .Attr("sizes: list(int)")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      std::vector<int64_t> sizes;
+      TF_RETURN_IF_ERROR(c->GetAttr("sizes", &sizes));
+      for (int p = 0; p < c->num_outputs(); ++p) c->set_output(p, c->Vector(sizes[p]));
+      return tensorflow::OkStatus();
+    });
+
+#define HVD_SPARSE_REGISTER_SCATTER(T, I)                                                               \
+  REGISTER_KERNEL_BUILDER(                                                                              \
+      Name("HvdSparseScatterSplit").Device(DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<I>("Tidx"), \
+      ScatterSplitOp<T, I>)
+
+HVD_SPARSE_REGISTER_SCATTER(float, int32_t);
+HVD_SPARSE_REGISTER_SCATTER(float, int64_t);
+HVD_SPARSE_REGISTER_SCATTER(double, int32_t);
+HVD_SPARSE_REGISTER_SCATTER(double, int64_t);
+
+REGISTER_OP("HvdSparseAccumulateSelect")
+    .Input("residual: R")
+    .Input("velocity: R")
+    .Input("inputs: Tin")
+    .Input("bounds: int64")
+    .Input("threshold: double")
+    .Input("probes: double")
+    .Input("factor: double")
+    .Output("accumulated: R")
+    .Output("velocity_out: R")
+    .Output("indices: Tidx")
+    .Output("counts: int64")
+    .Output("finite: bool")
+    .Attr("R: {float, double}")
+    .Attr("Tin: list({half, bfloat16, float, double})")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .Attr("check: bool = false")
+    .Attr("nesterov: bool = false")
+    .Attr("in_place: bool = false")
+    .SetIsStateful()   // it may write its inputs: never folded, merged or pruned
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      c->set_output(1, c->input(1));
+      c->set_output(2, c->Vector(c->UnknownDim()));
+      c->set_output(3, c->Vector(c->UnknownDim()));
+      c->set_output(4, c->Scalar());
+      return tensorflow::OkStatus();
+    });
+
+#define HVD_SPARSE_REGISTER_ACCUMULATE(R, I)                                          \
+  REGISTER_KERNEL_BUILDER(Name("HvdSparseAccumulateSelect")                           \
+                              .Device(DEVICE_CPU)                                     \
+                              .TypeConstraint<R>("R")                                 \
+                              .TypeConstraint<I>("Tidx"),                             \
+                          AccumulateSelectOp<R, I>)
+
+HVD_SPARSE_REGISTER_ACCUMULATE(float, int32_t);
+HVD_SPARSE_REGISTER_ACCUMULATE(float, int64_t);
+HVD_SPARSE_REGISTER_ACCUMULATE(double, int32_t);
+HVD_SPARSE_REGISTER_ACCUMULATE(double, int64_t);
+
+REGISTER_OP("HvdSparseSetAt")
+    .Input("x: T")
+    .Input("idx: Tidx")
+    .Input("values: T")
+    .Output("y: T")
+    .Attr("T: {float, double}")
+    .Attr("Tidx: {int32, int64}")
+    .Attr("in_place: bool = false")
+    .SetIsStateful()
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->input(0));
+      return tensorflow::OkStatus();
+    });
+
+#define HVD_SPARSE_REGISTER_SET_AT(T, I)                                                         \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name("HvdSparseSetAt").Device(DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<I>("Tidx"), \
+      SetAtOp<T, I>)
+
+HVD_SPARSE_REGISTER_SET_AT(float, int32_t);
+HVD_SPARSE_REGISTER_SET_AT(float, int64_t);
+HVD_SPARSE_REGISTER_SET_AT(double, int32_t);
+HVD_SPARSE_REGISTER_SET_AT(double, int64_t);
 
 REGISTER_OP("HvdSparseSegmentSumsq")
     .Input("x: T")

@@ -1,6 +1,7 @@
-"""The TensorFlow face hands the engine a bucket packed into one vector (``tf_backend.Packed``):
-every method must then make the decisions it makes on the bucket's tensors one by one, bit for
-bit -- selected indices, residuals, control state and the average cut back into the tensors."""
+"""The TensorFlow face hands the engine a bucket packed (``tf_backend.Packed``: the tensors'
+specs and their flattened values): every method must then make the decisions it makes on the
+bucket's tensors one by one, bit for bit -- selected indices, residuals, control state and the
+average cut back into the tensors -- with the op library's kernels and without."""
 
 from __future__ import annotations
 
@@ -12,8 +13,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import hvd_sparse  # noqa: E402
+from hvd_sparse import kernels  # noqa: E402
 from hvd_sparse.backends import get_backend  # noqa: E402
-from hvd_sparse.backends.tf_backend import Packed, pack, packed_dtype, unpack  # noqa: E402
+from hvd_sparse.backends.tf_backend import Packed, packed_dtype, unpack  # noqa: E402
 from hvd_sparse.comm.local import LocalGroup  # noqa: E402
 from hvd_sparse.engine import Engine  # noqa: E402
 
@@ -61,13 +63,13 @@ def run(method: str, options: dict, dtypes: list[str], packed: bool) -> tuple[li
             chosen = [[g[keys.index(key)] for key in members] for g in grads]
             if packed:
                 specs = [tf.TensorSpec(t.shape, t.dtype) for t in chosen[0]]
-                inputs = [Packed(specs, pack(ts)) for ts in chosen]
+                inputs = [Packed(specs, ts) for ts in chosen]
             else:
                 inputs = chosen
             with pytest.warns(RuntimeWarning) if step == 3 and "g4" in members else nullcontext():
                 results = group.run([e.step(bucket, x) for e, x in zip(engines, inputs, strict=True)])
             if packed:
-                results = [unpack(r.flat, list(r)) for r in results]
+                results = [unpack(r.parts, list(r)) for r in results]
             averages.append([[t.numpy() for t in r] for r in results])
     residuals = [{key: b.residual.numpy() for key, b in e.buckets.items()} for e in engines]
     return averages, residuals
@@ -77,9 +79,18 @@ def run(method: str, options: dict, dtypes: list[str], packed: bool) -> tuple[li
                          "-".join(f"{k}={x}" for k, x in v.items()) or "default")
 @pytest.mark.parametrize("dtypes", [["float32"] * 6, ["float32", "float16", "float32", "bfloat16",
                                                       "float64", "float32"]], ids=["fp32", "mixed"])
-def test_packed_bucket_makes_the_same_decisions(method, options, dtypes):
-    plain = run(method, options, dtypes, packed=False)
-    packed = run(method, options, dtypes, packed=True)
+@pytest.mark.parametrize("kernel_mode", ["auto", "off"])
+def test_packed_bucket_makes_the_same_decisions(method, options, dtypes, kernel_mode):
+    """Against the tensors one by one on the reference path: the packed bucket, with the op
+    library's kernels (which write the residual in place and read the parts) and without."""
+    previous = kernels.mode()
+    try:
+        kernels.set_mode("off")
+        plain = run(method, options, dtypes, packed=False)
+        kernels.set_mode(kernel_mode)
+        packed = run(method, options, dtypes, packed=True)
+    finally:
+        kernels.set_mode(previous)
     for step, (a, b) in enumerate(zip(plain[0], packed[0], strict=True)):
         for rank_a, rank_b in zip(a, b, strict=True):
             for x, y in zip(rank_a, rank_b, strict=True):

@@ -121,3 +121,113 @@ def test_backend_norms_use_the_op_unless_kernels_are_off(ops, monkeypatch):
     x = tf.constant(np.arange(10, dtype=np.float32))
     assert list(backend.segment_norms(x, [4, 6])) == reference_norms(x.numpy(), [4, 6])
     assert calls == [[4, 6]]
+
+
+def _off(fn):
+    """fn() on the reference path (kernels off)."""
+    hvd_sparse.set_kernels("off")
+    try:
+        return fn()
+    finally:
+        hvd_sparse.set_kernels("auto")
+
+
+def _bits(x) -> np.ndarray:
+    x = np.asarray(x.numpy() if hasattr(x, "numpy") else x)
+    return x.view(np.uint8)
+
+
+def _fused_cases(rng):
+    """Random buckets: mixed input dtypes, a NaN now and then, ranges, thresholds, sampled probes."""
+    for trial in range(60):
+        sizes = [int(s) for s in rng.integers(0, 3000, int(rng.integers(1, 5)))]
+        n = sum(sizes)
+        if n == 0:
+            continue
+        dtype = "float64" if trial % 7 == 0 else "float32"
+        inputs = [(rng.standard_t(3, s) * 1e-3).astype(rng.choice(["float16", "float32", dtype]))
+                  for s in sizes]
+        if trial % 9 == 4 and sizes[0]:
+            inputs[0][0] = np.nan
+        lo, hi = sorted(int(v) for v in rng.integers(0, n + 1, 2))
+        yield dict(inputs=[tf.constant(x) for x in inputs], lo=lo, hi=hi,
+                   residual=(rng.standard_t(3, n) * 1e-3).astype(dtype),
+                   velocity=(rng.standard_t(3, n) * 1e-3).astype(dtype),
+                   threshold=float(rng.choice([0.0, 1e-3, 3e-3, np.inf])),
+                   probes=[1e-3, 2e-3][: trial % 3], every=int(rng.choice([1, 4])),
+                   index_dtype="int32" if trial % 2 else "int64")
+
+
+def _fused(case: dict, momentum: str | None, owned: bool):
+    """The backend's accumulate_select on the case: (Selected, velocity, the residual passed)."""
+    from hvd_sparse.backends.base import Momentum
+    b = get_backend("tensorflow")
+
+    def tensor(values):
+        return b.copy(tf.constant(values)) if owned else tf.constant(values)
+
+    residual = tensor(case["residual"])
+    velocity = None if momentum is None else Momentum(tensor(case["velocity"]), 0.9, momentum == "nesterov")
+    done = b.accumulate_select(residual, case["inputs"], case["lo"], case["hi"], case["threshold"],
+                               case["probes"], case["every"], case["index_dtype"], check_finite=True,
+                               momentum=velocity)
+    return done, None if velocity is None else velocity.buffer, residual
+
+
+@pytest.mark.parametrize("momentum", [None, "plain", "nesterov"])
+def test_accumulate_select_matches_the_reference(ops, momentum):
+    """The fused op (through the backend, on tensors it owns and on tensors it does not) against
+    the backend's reference composition: the same accumulated vector, velocity, indices and
+    probe counts, bit for bit; a tensor the backend does not own is never written."""
+    for case in _fused_cases(np.random.default_rng(5)):
+        expected, expected_u, _ = _off(lambda case=case: _fused(case, momentum, False))
+        for owned in (True, False):
+            got, got_u, given = _fused(case, momentum, owned)
+            assert got.finite == expected.finite
+            np.testing.assert_array_equal(_bits(got.acc), _bits(expected.acc))
+            if momentum is not None:
+                np.testing.assert_array_equal(_bits(got_u), _bits(expected_u))
+            if not expected.finite:
+                assert got.idx is None
+                continue
+            np.testing.assert_array_equal(got.idx.numpy().astype(np.int64), expected.idx.numpy())
+            assert got.counts == expected.counts
+            if not owned:
+                np.testing.assert_array_equal(_bits(given), _bits(case["residual"]))
+
+
+def test_in_place_ops_write_only_what_the_backend_owns(ops):
+    b = get_backend("tensorflow")
+    values = np.arange(6, dtype=np.float32) + 1
+    theirs = tf.constant(values)
+    out = b.zero_at(theirs, tf.constant([1, 4]))
+    np.testing.assert_array_equal(theirs.numpy(), values)   # the caller's tensor is left alone
+    np.testing.assert_array_equal(out.numpy(), [1, 0, 3, 4, 0, 6])
+    again = b.put(out, tf.constant([0], tf.int32), tf.constant([9.0]))   # owned now: in place
+    np.testing.assert_array_equal(out.numpy(), [9, 0, 3, 4, 0, 6])
+    np.testing.assert_array_equal(again.numpy(), out.numpy())
+    kept = b.copy(again)   # a copy of its own, not an alias
+    b.zero_at(again, tf.constant([0]))
+    assert kept.numpy()[0] == 9.0
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        ops.set_at(kept, tf.constant([6]), None, True)
+
+
+def test_scatter_split_matches_scatter_nd(ops):
+    """Duplicates summed in order from zeros (-0.0 becomes +0.0), as tf.scatter_nd sums them."""
+    rng = np.random.default_rng(8)
+    for _ in range(40):
+        sizes = [int(s) for s in rng.integers(0, 500, int(rng.integers(1, 6)))]
+        n = sum(sizes)
+        if n == 0:
+            continue
+        k = int(rng.integers(0, 3 * n))
+        idx = rng.integers(0, n, k).astype(rng.choice(["int32", "int64"]))
+        vals = (rng.standard_normal(k) * 1e-3).astype(rng.choice(["float32", "float64"]))
+        vals[: k // 10] = -0.0
+        expected = tf.scatter_nd(tf.reshape(tf.constant(idx), [-1, 1]), tf.constant(vals), [n]).numpy()
+        got = ops.scatter_split(tf.constant(idx), tf.constant(vals), sizes)
+        assert [p.shape[0] for p in got] == sizes
+        np.testing.assert_array_equal(_bits(np.concatenate([p.numpy() for p in got])), _bits(expected))
+    with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
+        ops.scatter_split(tf.constant([5]), tf.constant([1.0]), [2, 3])
