@@ -31,6 +31,7 @@ import json
 import os
 import platform
 import statistics
+import sys
 import time
 from typing import Any
 
@@ -249,6 +250,11 @@ def main() -> None:
     tf.config.threading.set_intra_op_parallelism_threads(int(os.environ.get("OMP_NUM_THREADS", "1")))
     tf.config.threading.set_inter_op_parallelism_threads(1)
     hvd.init()
+    from hvd_sparse import kernels
+    tf_kernels = kernels.tensorflow_ops() is not None   # else every configuration runs the reference path
+    if not tf_kernels and hvd.rank() == 0:
+        print("[tf-e2e] WARNING: the TensorFlow op library is not usable here (see the warning above): "
+              "every configuration runs the reference path", file=sys.stderr, flush=True)
     configs = args.configs.split(",")
     unknown = [c for c in configs if not known(c)]
     if unknown:
@@ -272,6 +278,7 @@ def main() -> None:
                "repeats": args.repeats, "warmup": args.warmup, "sparse_warmup": args.sparse_warmup,
                "settle": args.settle, "steps": args.steps if args.schedule == "blocks" else 1,
                "stat_steps": args.stat_steps, "configs": configs, "probe": probe, "records": merged,
+               "tf_kernels": tf_kernels,
                "rank_env": {k: os.environ.get(k) for k in ("HOROVOD_HOSTNAME", "HOROVOD_LOCAL_SIZE",
                                                            "HOROVOD_GLOO_IFACE", "OMP_NUM_THREADS")},
                "tensorflow": tf.__version__, "python": platform.python_version()}

@@ -158,6 +158,7 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
     group = LocalGroup(size, backend)
     grads = gradients(n, size, device)
     inputs = [g.clone() for g in grads] if torch_face else [backend.from_numpy(g.numpy()) for g in grads]
+    buckets = [[x] if torch_face else tf_bucket(x) for x in inputs]
     per_step, densities, selecting, ratios, floors = [], [], [], [], []
     momentum_ratios, momentum_floors = [], []
     for step in range(repeats + WARMUP):
@@ -167,7 +168,7 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
             x.copy_(g)   # the engine writes the average into x
         sync(device)
         group.seconds = [0.0] * size
-        group.run([engine.step("model", [inputs[r]]) for r, engine in enumerate(engines)])
+        group.run([engine.step("model", buckets[r]) for r, engine in enumerate(engines)])
         sync(device)
         if step >= WARMUP:
             per_step.append(statistics.median(group.seconds))
@@ -186,6 +187,14 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
         out.update(over_momentum_floor=statistics.median(momentum_ratios),
                    momentum_floor_seconds=statistics.median(momentum_floors))
     return out
+
+
+def tf_bucket(x) -> list:
+    """x as the TensorFlow face hands a bucket to the engine (``tf_backend.Packed``)."""
+    import tensorflow as tf
+
+    from hvd_sparse.backends.tf_backend import Packed
+    return Packed([tf.TensorSpec(x.shape, x.dtype)], [x])
 
 
 def memory_overhead(n: int, size: int, density: float, device: str, kernels: str = "on",

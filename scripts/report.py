@@ -81,6 +81,11 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "--rounds 10 --settle 600 --out bench/e2e-tf-models-quiet (after DEFT's one-pass TF norms; the "
      "section above ran on older code while other jobs loaded the machine; every method's ratio moved, "
      "those whose code did not change too)"),
+    ("e2e-tf-models-inplace.md", "End to end in TensorFlow on ResNet-18: residuals written in place",
+     "python scripts/bench_e2e.py --framework tensorflow --models resnet18 --nets loopback --sizes 2 "
+     "--image-size 64 --configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model,dgc "
+     "--rounds 10 --settle 600 --out bench/e2e-tf-models-inplace (after the in-place TF ops: no "
+     "bucket-sized tensor allocated per step, see docs/kernels.md#tensorflow)"),
     ("time-to-accuracy/tta.md", "Time to accuracy (word-level LSTM)",
      "python scripts/time_to_accuracy.py --curves --sizes 2 4 (4 ranks: configurations split "
      "over two --out-dir runs side by side, then --merge-from their tta.json); --step-times-from "

@@ -224,16 +224,17 @@ class Engine:
     def _accumulate(self, bucket: Bucket, tensors: list[Any], method: Algorithm, control: Any,
                     ctx: StepContext) -> tuple[Any, None, bool, bool]:
         """Step 1 alone (the selection is not fused with it): (accumulated vector or None when not
-        finite, None, finite, inputs cleared). When the engine writes the average into the inputs
-        and the method accumulates plainly (``Algorithm.plain_accumulation``), one backend op
-        checks the inputs, accumulates and clears them in the same pass (the fused threshold op
-        over an empty range: no selection), so neither a finite check nor the reconstruction
-        reads or writes them separately; the vector is the same."""
+        finite, None, finite, inputs cleared). When the method accumulates plainly
+        (``Algorithm.plain_accumulation``), one backend op checks the inputs and accumulates
+        (the fused threshold op over an empty range: no selection), and when the engine writes
+        the average into the inputs it clears them in the same pass too, so neither a finite
+        check nor the reconstruction reads or writes them separately; the vector is the same."""
         b, check = self.backend, self.nonfinite != "ignore"
-        if self.write_into_inputs and method.plain_accumulation(control):
-            done = b.accumulate_select(bucket.residual, tensors, 0, 0, 0.0, clear_inputs=True,
+        if method.plain_accumulation(control):
+            clear = self.write_into_inputs
+            done = b.accumulate_select(bucket.residual, tensors, 0, 0, 0.0, clear_inputs=clear,
                                        check_finite=check, momentum=ctx.momentum)
-            return (done.acc if done.finite else None), None, done.finite, done.finite
+            return (done.acc if done.finite else None), None, done.finite, done.finite and clear
         finite = not check or b.tensors_finite(tensors)
         acc = method.accumulate(bucket.residual, tensors, control, ctx) if finite else None
         return acc, None, finite, False

@@ -231,3 +231,18 @@ def test_scatter_split_matches_scatter_nd(ops):
         np.testing.assert_array_equal(_bits(np.concatenate([p.numpy() for p in got])), _bits(expected))
     with pytest.raises(tf.errors.InvalidArgumentError, match="outside"):
         ops.scatter_split(tf.constant([5]), tf.constant([1.0]), [2, 3])
+
+
+def test_scatter_split_reuses_large_buffers_cleanly(ops):
+    """Pieces of 64 KB and more come from buffers earlier pieces freed: each comes back zeroed
+    but for its own entries, step after step."""
+    rng = np.random.default_rng(9)
+    sizes = [70_000, 3, 40_000]
+    for _ in range(4):
+        idx = np.sort(rng.choice(sum(sizes), 500, replace=False)).astype(np.int64)
+        vals = rng.standard_normal(500).astype(np.float32)
+        parts = ops.scatter_split(tf.constant(idx), tf.constant(vals), sizes)
+        got = np.concatenate([p.numpy() for p in parts])
+        expected = np.zeros(sum(sizes), np.float32)
+        expected[idx] = vals
+        np.testing.assert_array_equal(got, expected)
