@@ -28,7 +28,6 @@ FIX = "rebuild it with `make install` (or `pip install -e .` in the repository)"
 _VALUES = (tf.float32, tf.float64)
 _INPUTS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
 _KINDS = {tf.float32: np.float32, tf.float64: np.float64}
-_NO_FACTOR = tf.constant(0.0, tf.float64)
 
 
 def library_path() -> Path | None:
@@ -59,12 +58,16 @@ def _open() -> Any:
 _OPS = _open()
 
 
+def _on_cpu(*tensors: tf.Tensor) -> bool:
+    return not any("GPU" in (t.device or "").upper() for t in tensors)
+
+
 def topk_abs(x: tf.Tensor, k: int, index_dtype: str = "int64") -> tf.Tensor | None:
     """Ascending indices (``index_dtype``) of the k entries of largest magnitude of x (flattened),
     with the tie rule of ``Backend.topk_abs_indices``; None where there is no kernel (a dtype other
     than fp32/fp64, a tensor not on the CPU, k outside [0, numel])."""
     n = x.shape.num_elements()
-    if x.dtype not in _VALUES or n is None or not 0 <= k <= n or "GPU" in (x.device or "").upper():
+    if x.dtype not in _VALUES or n is None or not 0 <= k <= n or not _on_cpu(x):
         return None
     return _OPS.hvd_sparse_topk_abs(x, tf.constant(k, tf.int64), Tidx=index_dtype)
 
@@ -74,15 +77,11 @@ def segment_sums(x: tf.Tensor, lengths: list[int]) -> tuple[list[float], list[in
     rounding depth of each (norms.cpp), for ``exact.float32_norms``; None where there is no kernel
     (a dtype other than fp32/fp64, a tensor not on the CPU, lengths that do not add up to its size)."""
     n = x.shape.num_elements()
-    if (x.dtype not in _VALUES or n is None or "GPU" in (x.device or "").upper()
+    if (x.dtype not in _VALUES or n is None or not _on_cpu(x)
             or any(length < 0 for length in lengths) or sum(lengths) != n):
         return None
     sums, depths = _OPS.hvd_sparse_segment_sumsq(tf.reshape(x, [-1]), tf.constant(lengths, tf.int64))
     return sums.numpy().tolist(), depths.numpy().tolist()
-
-
-def _on_cpu(*tensors: tf.Tensor) -> bool:
-    return not any("GPU" in (t.device or "").upper() for t in tensors)
 
 
 def accumulate_select(residual: tf.Tensor, tensors: list[tf.Tensor], lo: int, hi: int, threshold: float,
@@ -104,10 +103,10 @@ def accumulate_select(residual: tf.Tensor, tensors: list[tf.Tensor], lo: int, hi
         return None
     plan = KernelSelection.of(_KINDS[residual.dtype], lo, hi, threshold, probes, every)
     acc, velocity_out, idx, counts, finite = _OPS.hvd_sparse_accumulate_select(
-        residual, residual[:0] if velocity is None else velocity, [tf.reshape(t, [-1]) for t in tensors],
+        residual, residual[:0] if velocity is None else velocity, list(tensors),   # read flat, any shape
         tf.constant([lo, hi, plan.row_len, every, plan.sample_end], tf.int64),
         tf.constant(plan.threshold, tf.float64), tf.constant(plan.probes, tf.float64, shape=[len(probes)]),
-        _NO_FACTOR if velocity is None else tf.constant(float(factor), tf.float64),
+        tf.constant(float(factor), tf.float64),
         Tidx=index_dtype, check=check_finite, nesterov=nesterov, in_place=in_place)
     finite = bool(finite)
     counts = plan.scale(counts.numpy().tolist()) if finite else []

@@ -55,12 +55,13 @@ def _inputs(tensors) -> list:
 class Packed(list):
     """A bucket's tensors as the engine sees them from the TensorFlow face: a list of their
     ``tf.TensorSpec`` (shapes and dtypes: what the engine reads of each tensor) with ``parts``,
-    the tensors' values flattened, each in its own dtype. ``flat`` is their concatenation in
-    ``packed_dtype``, made when a reference op first needs it (the kernels read the parts)."""
+    the tensors' values in their own shapes and dtypes (the kernels read them flat; no eager
+    reshape per tensor). ``flat`` is their concatenation in ``packed_dtype``, made when a
+    reference op first needs it."""
 
     def __init__(self, specs: Sequence[tf.TensorSpec], parts: Sequence[tf.Tensor]):
         super().__init__(specs)
-        self.parts = [tf.reshape(p, [-1]) for p in parts]
+        self.parts = list(parts)
         self._flat: tf.Tensor | None = None
 
     @property
@@ -86,7 +87,7 @@ def pack(tensors: Sequence[tf.Tensor]) -> tf.Tensor:
 
 
 def unpack(parts: Sequence[tf.Tensor], specs: Sequence[tf.TensorSpec]) -> list[tf.Tensor]:
-    """Graph ops: the flat ``parts`` shaped as ``specs``, each cast to its spec's dtype (what
+    """Graph ops: ``parts`` shaped as ``specs``, each cast to its spec's dtype (what
     ``Backend.split_like`` computes)."""
     return [tf.cast(tf.reshape(piece, spec.shape), spec.dtype)
             for piece, spec in zip(parts, specs, strict=True)]

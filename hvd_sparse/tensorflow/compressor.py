@@ -98,10 +98,11 @@ def _specs(tensors: list) -> tuple:
 
 
 def _parts_of(average: Any, inputs: Any) -> list:
-    """A bucket step's average (fp32), flat, one vector per tensor: ``Packed.parts``, or the
-    inputs themselves for a bucket the engine returned untouched (every tensor empty)."""
+    """A bucket step's average (fp32), one tensor per gradient, any shape (the graph's ``unpack``
+    shapes them): ``Packed.parts``, or the inputs themselves for a bucket the engine returned
+    untouched (every tensor empty). No eager op where the part is fp32 already."""
     parts = average.parts if isinstance(average, Packed) else inputs
-    return [tf.cast(tf.reshape(p, [-1]), tf.float32) for p in parts]
+    return [p if p.dtype == tf.float32 else tf.cast(p, tf.float32) for p in parts]
 
 
 def _placeholder(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
@@ -306,7 +307,7 @@ class SparseCompressor(FaceBase, Compressor):
                                   [t for i in active for t in inputs[i]], Tout=tout)
             offset = 0
             for i, (_, phase, _, _) in zip(active, plan, strict=True):
-                if phase is None:   # finished: the fp32 average, a vector per tensor (engine/patterns.py)
+                if phase is None:   # finished: the fp32 average, a tensor per gradient (engine/patterns.py)
                     outputs[i] = unpack(flat[offset:offset + len(specs[i])], specs[i])
                     offset += len(specs[i])
                     continue
@@ -332,7 +333,7 @@ class SparseCompressor(FaceBase, Compressor):
     def _advance(self, key: str, position: int, expected: list | None, specs: tuple, *results) -> list:
         """Phase ``position`` of bucket ``key``'s step, run by its ``tf.py_function``: the tensors
         of the next phase's collectives (checked against ``expected``, what the graph was built
-        for), or the bucket's average after the last (a flat vector per tensor). ``results`` are
+        for), or the bucket's average after the last (a tensor per gradient). ``results`` are
         the gradients (``specs``: theirs) at position 0, else what the last phase's collectives
         returned."""
         if position == 0:
@@ -358,7 +359,7 @@ class SparseCompressor(FaceBase, Compressor):
     def _run_blocking(self, layout: list[tuple[str, tuple]], *grads) -> list:
         """Every bucket of ``layout`` ((bucket, its tensors' specs), in plan order, the same on
         every rank) one after the other, with eager blocking collectives; ``grads``: every
-        bucket's gradients, in order. Every bucket's average, a flat vector per tensor."""
+        bucket's gradients, in order. Every bucket's average, a tensor per gradient."""
         self._follow_world()
         engine, outputs, done = self._engine, [], []
         try:

@@ -171,12 +171,11 @@ class _Selected:
     def __init__(self, dtype: torch.dtype, lo: int, hi: int, threshold: float, probes: list[float],
                  every: int, index_dtype: torch.dtype):
         self.plan = plan = KernelSelection.of(_RESIDUAL_TYPES[dtype], lo, hi, threshold, probes, every)
-        self.length = plan.length
         self.probes = len(probes)
         self.rounded = (ctypes.c_double * max(len(probes), 1))(*plan.probes)
         self.counts = (_i64 * max(len(probes), 1))()
         self.every = every
-        self.out = torch.empty(self.length, dtype=index_dtype)
+        self.out = torch.empty(plan.length, dtype=index_dtype)
 
     def arguments(self) -> tuple:
         """threshold, out, index bits, probes, num_probes, row_len, every, sample_end, counts."""
@@ -188,7 +187,7 @@ class _Selected:
         scaled = self.plan.scale(self.counts[:self.probes])
         # A short selection is copied out so the buffer (room for the whole range) is freed.
         out = self.out
-        return (out[:selected] if 2 * selected > self.length else out[:selected].clone()), scaled
+        return (out[:selected] if 2 * selected > self.plan.length else out[:selected].clone()), scaled
 
 
 def _run(residual, tensors, clear, lo, hi, threshold, probes, every, index_dtype):
