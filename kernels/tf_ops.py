@@ -113,6 +113,22 @@ def accumulate_select(residual: tf.Tensor, tensors: list[tf.Tensor], lo: int, hi
     return acc, (None if velocity is None else velocity_out), (idx if finite else None), counts, finite
 
 
+def select_at_least(x: tf.Tensor, lo: int, hi: int, threshold: float, probes: list[float], every: int,
+                    index_dtype: str = "int64") -> tuple[tf.Tensor, list[float]] | None:
+    """The reference ``select_at_least`` on an accumulated fp32/fp64 vector (read flat), in one read
+    and no temporary of its size: the ascending indices in [lo, hi) with |x| >= threshold and the
+    probe counts of ``count_at_least``; None where there is no kernel."""
+    n = x.shape.num_elements()
+    if x.dtype not in _VALUES or n is None or not 0 <= lo <= hi <= n or len(probes) > 8 or not _on_cpu(x):
+        return None
+    plan = KernelSelection.of(_KINDS[x.dtype], lo, hi, threshold, probes, every)
+    idx, counts = _OPS.hvd_sparse_select_at_least(
+        x, tf.constant([lo, hi, plan.row_len, every, plan.sample_end], tf.int64),
+        tf.constant(plan.threshold, tf.float64), tf.constant(plan.probes, tf.float64, shape=[len(probes)]),
+        Tidx=index_dtype)
+    return idx, plan.scale(counts.numpy().tolist())
+
+
 def set_at(x: tf.Tensor, idx: tf.Tensor, values: tf.Tensor | None, in_place: bool) -> tf.Tensor | None:
     """x with x[idx] = values (zeros without values), written in place with ``in_place`` (the
     caller owns x); None where there is no kernel."""

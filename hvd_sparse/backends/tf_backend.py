@@ -155,6 +155,13 @@ class TensorFlowBackend(Backend):
             momentum.buffer = _own(velocity)
         return Selected(_own(acc), idx, counts, True)
 
+    def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
+        ops = kernels.tensorflow_ops()   # one read, no |x| of x's size (kernels/tf_ops.py)
+        done = None if ops is None else ops.select_at_least(x, lo, hi, threshold, list(probes), every)
+        if done is not None:
+            return done
+        return super().select_at_least(x, lo, hi, threshold, probes, every)
+
     def split_like(self, flat, tensors):
         if isinstance(tensors, Packed):
             return Packed(tensors, tf.split(flat, [spec.shape.num_elements() for spec in tensors]))

@@ -11,6 +11,8 @@
 // HvdSparseAccumulateSelect(residual, velocity, inputs, ...) -> (accumulated, velocity, indices,
 // counts, finite): error feedback's accumulation of the inputs (optionally through the momentum
 // correction's velocity) and the threshold selection in one pass (accumulate.cpp).
+// HvdSparseSelectAtLeast(x, bounds, threshold, probes) -> (indices, counts): that selection alone,
+// on a vector already accumulated, read once (DGC's threshold passes, hard threshold).
 // HvdSparseSetAt(x, idx, values) -> x with x[idx] = values (zeros when values is empty).
 // HvdSparseScatterSplit(idx, values) -> parts: the dense vector with values at idx (duplicates
 // summed in order, from zeros, as tf.scatter_nd sums them) cut into pieces of the given sizes,
@@ -60,6 +62,9 @@ int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype
                                               int index_bits, const double* probes, int num_probes,
                                               int64_t row_len, int64_t every, int64_t sample_end,
                                               int64_t* counts);
+int64_t hvd_sparse_select_at_least(const void* x, int dtype, int64_t lo, int64_t hi, double threshold,
+                                   void* out, int index_bits, const double* probes, int num_probes,
+                                   int64_t row_len, int64_t every, int64_t sample_end, int64_t* counts);
 }
 
 namespace {
@@ -351,6 +356,42 @@ class AccumulateSelectOp : public OpKernel {
   bool check_ = false, nesterov_ = false, in_place_ = false;
 };
 
+// Inputs: x (R, read flat), bounds (int64: lo, hi, row_len, every, sample_end), threshold and
+// probes (double, already rounded to R). Outputs: the ascending indices in [lo, hi) with
+// |x| >= threshold and the probes' raw counts over the sampled rows. Nothing is written.
+template <typename R, typename I>
+class SelectAtLeastOp : public OpKernel {
+ public:
+  explicit SelectAtLeastOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& bounds = context->input(1);
+    const Tensor& probes = context->input(3);
+    OP_REQUIRES(context, bounds.NumElements() == 5 && probes.NumElements() <= 8,
+                tensorflow::errors::InvalidArgument("bounds needs 5 entries and probes at most 8"));
+    const auto b = bounds.flat<int64_t>();
+    const int64_t lo = b(0), hi = b(1);
+    OP_REQUIRES(context, 0 <= lo && lo <= hi && hi <= x.NumElements(),
+                tensorflow::errors::InvalidArgument("[", lo, ", ", hi, ") outside x's ", x.NumElements()));
+    Tensor room;
+    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DataTypeToEnum<I>::value,
+                                                   TensorShape({hi - lo}), &room));
+    Tensor* counts = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({probes.NumElements()}), &counts));
+    const int64_t selected = hvd_sparse_select_at_least(
+        x.tensor_data().data(), std::is_same<R, float>::value ? 2 : 3, lo, hi,
+        context->input(2).scalar<double>()(), data_of(&room), std::is_same<I, int32_t>::value ? 32 : 64,
+        probes.flat<double>().data(), static_cast<int>(probes.NumElements()), b(2), b(3), b(4),
+        counts->flat<int64_t>().data());
+    OP_REQUIRES(context, selected >= 0,
+                tensorflow::errors::InvalidArgument("select kernel refused its arguments, status ", selected));
+    Tensor* indices = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({selected}), &indices));
+    std::memcpy(data_of(indices), data_of(&room), sizeof(I) * selected);
+  }
+};
+
 // x with x[idx[j]] = values[j] (zero for every j when values is empty), in place with in_place.
 template <typename T, typename I>
 class SetAtOp : public OpKernel {
@@ -486,6 +527,30 @@ HVD_SPARSE_REGISTER_ACCUMULATE(float, int32_t);
 HVD_SPARSE_REGISTER_ACCUMULATE(float, int64_t);
 HVD_SPARSE_REGISTER_ACCUMULATE(double, int32_t);
 HVD_SPARSE_REGISTER_ACCUMULATE(double, int64_t);
+
+REGISTER_OP("HvdSparseSelectAtLeast")
+    .Input("x: R")
+    .Input("bounds: int64")
+    .Input("threshold: double")
+    .Input("probes: double")
+    .Output("indices: Tidx")
+    .Output("counts: int64")
+    .Attr("R: {float, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Vector(c->UnknownDim()));
+      return tensorflow::OkStatus();
+    });
+
+#define HVD_SPARSE_REGISTER_SELECT(R, I)                                                               \
+  REGISTER_KERNEL_BUILDER(                                                                             \
+      Name("HvdSparseSelectAtLeast").Device(DEVICE_CPU).TypeConstraint<R>("R").TypeConstraint<I>("Tidx"), \
+      SelectAtLeastOp<R, I>)
+HVD_SPARSE_REGISTER_SELECT(float, int32_t);
+HVD_SPARSE_REGISTER_SELECT(float, int64_t);
+HVD_SPARSE_REGISTER_SELECT(double, int32_t);
+HVD_SPARSE_REGISTER_SELECT(double, int64_t);
 
 REGISTER_OP("HvdSparseSetAt")
     .Input("x: T")

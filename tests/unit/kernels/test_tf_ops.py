@@ -196,6 +196,31 @@ def test_accumulate_select_matches_the_reference(ops, momentum):
                 np.testing.assert_array_equal(_bits(given), _bits(case["residual"]))
 
 
+def test_select_at_least_matches_the_reference(ops, monkeypatch):
+    """The select-only op (through the backend) against the reference composition: the same
+    indices and probe counts, NaN never selected and Inf always, fp32 and fp64, any range; the
+    backend calls it, and not with kernels off."""
+    b = get_backend("tensorflow")
+    for case in _fused_cases(np.random.default_rng(11)):
+        x = tf.constant(case["residual"])
+        if case["lo"] < case["hi"]:
+            x = tf.tensor_scatter_nd_update(x, [[case["lo"]], [case["hi"] - 1]],
+                                            tf.constant([np.nan, -np.inf], x.dtype))
+        args = (x, case["lo"], case["hi"], case["threshold"], case["probes"], case["every"])
+        idx, counts = _off(lambda args=args: b.select_at_least(*args))
+        got_idx, got_counts = b.select_at_least(*args)
+        np.testing.assert_array_equal(got_idx.numpy(), idx.numpy())
+        assert got_idx.dtype == tf.int64 and got_counts == counts
+        assert ops.select_at_least(x, *args[1:], "int32")[0].dtype == tf.int32
+    assert ops.select_at_least(tf.zeros([4], tf.float16), 0, 4, 0.0, [], 1) is None
+    assert ops.select_at_least(tf.zeros([4]), 0, 5, 0.0, [], 1) is None
+    calls = []
+    monkeypatch.setattr(ops, "select_at_least", lambda *a, **k: calls.append(a) or None)
+    b.select_at_least(tf.zeros([3]), 0, 3, 1.0)
+    _off(lambda: b.select_at_least(tf.zeros([3]), 0, 3, 1.0))
+    assert len(calls) == 1
+
+
 def test_in_place_ops_write_only_what_the_backend_owns(ops):
     b = get_backend("tensorflow")
     values = np.arange(6, dtype=np.float32) + 1
