@@ -99,6 +99,7 @@ class _Step:
     started: set[str] = field(default_factory=set)   # buckets whose protocol was started
     flushed: bool = False              # the first decompress has finished every bucket
     outstanding: int = 0               # compress calls not yet matched by a decompress
+    failed: FloatingPointError | None = None   # raised at the step's last decompress
     ordinal: int = 0                   # gradients named by their order so far (no named_parameters)
     hook_seconds: float = 0.0          # time inside compress (Horovod's gradient hooks)
     decompress_seconds: float = 0.0    # time inside decompress (finishing the step, end_step)
@@ -190,6 +191,8 @@ class SparseCompressor(FaceBase, Compressor):
                 step.decompress_began = entered
                 self._finish_step(tensor)
             step.outstanding -= 1
+            if step.failed is not None:
+                return self._after_failure(ctx)
             bucket, position = self._bucket_of[ctx]
             return self._running().results[bucket][position]
         finally:
@@ -250,10 +253,14 @@ class SparseCompressor(FaceBase, Compressor):
                 self._start(bucket)
         try:
             protocols.finish_all()
-        except Exception:
+        except FloatingPointError as error:
             # Raised on every rank alike (a non-finite gradient with nonfinite="raise"): the
-            # buckets that finished take their step back, so it is applied nowhere, and the
-            # next compress begins a new step (docs/usage.md#non-finite-gradients).
+            # buckets that finished take their step back, so it is applied nowhere. The error
+            # waits for the step's last decompress (_after_failure).
+            engine.take_back(list(protocols.results))
+            step.failed = error
+            return
+        except Exception:
             engine.take_back(list(protocols.results))
             step.outstanding = 0
             raise
@@ -261,6 +268,17 @@ class SparseCompressor(FaceBase, Compressor):
         began = time.perf_counter()
         run_blocking(engine.end_step(ready), protocols.comm.execute)
         step.end_step_seconds += time.perf_counter() - began
+
+    def _after_failure(self, key: str) -> torch.Tensor:
+        """A decompress of a step that raised: raise at the last one, so Horovod has waited for
+        every placeholder allreduce of the step first. Raising earlier would leave some in flight,
+        and the next step's hooks would reuse their names while Horovod still holds them. The
+        earlier ones give the gradient back unchanged; the next compress begins a new step
+        (docs/usage.md#non-finite-gradients)."""
+        step = self._step
+        if step.outstanding > 0:
+            return step.arrived[key]
+        raise step.failed
 
     # --- what only this face measures -----------------------------------------------------------
     def _extra_stats(self) -> dict:

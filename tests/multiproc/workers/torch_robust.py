@@ -175,6 +175,21 @@ def mismatch(size: int, rank: int) -> None:
         print(f"CHECKED mismatch/{label} rank={rank}", flush=True)
 
 
+def late_after_compress(compression, param, flags: dict) -> None:
+    """While ``flags["late"]``, hold this rank between compressing ``param``'s gradient (the
+    last hook of the backward pass) and Horovod's allreduce of what compress returned: the other
+    rank then raises long before that allreduce can complete, and its next step must not find
+    the name still in flight."""
+    compress = compression.compress
+
+    def held(tensor):
+        out = compress(tensor)
+        if flags["late"] and tensor.shape == param.shape:
+            time.sleep(1.0)
+        return out
+    compression.compress = held
+
+
 def nonfinite(size: int, rank: int) -> None:
     """A NaN on rank 1 at step 2 (in one tensor only: the other buckets finish their step)."""
     for label, make in (("exdyna", hs.ExDyna), ("topk-tensor", hs.TopK)):
@@ -184,11 +199,13 @@ def nonfinite(size: int, rank: int) -> None:
         compression = make(0.1, named_parameters=named, nonfinite="raise", prefix=f"nf.{label}")
         optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                              named_parameters=named, compression=compression)
-        poison = {"on": False}
+        poison = {"on": False, "late": False}
         model[0].weight.register_hook(lambda g, poison=poison: g * float("nan") if poison["on"] else g)
+        late_after_compress(compression, model[0].weight, poison)
         inputs, raised = model_inputs(model), 0
         for step in range(6):
             poison["on"] = step == 2 and rank == 1
+            poison["late"] = step == 2 and rank == 0
             optimizer.zero_grad()
             (model(inputs * (1 + rank + step)) ** 2).mean().backward()
             try:
