@@ -91,6 +91,21 @@ def topk_abs(x: tf.Tensor, k: int, index_dtype: str = "int64") -> tf.Tensor | No
     return _OPS.hvd_sparse_topk_abs(x, tf.constant(k, tf.int64), Tidx=tf.as_dtype(index_dtype))
 
 
+def topk_abs_segments(x: tf.Tensor, segments: list[tuple[int, int, int]],
+                      index_dtype: str = "int64") -> tf.Tensor | None:
+    """``topk_abs`` in each (start, size, k) segment of x (flattened), offset by its start and
+    concatenated in order, in one op; None where there is no kernel (as ``topk_abs``, or a
+    segment outside x)."""
+    n = x.shape.num_elements()
+    if (x.dtype not in _VALUES or n is None or not _on_cpu(x)
+            or any(not (start >= 0 and 0 <= k <= size and start + size <= n)
+                   for start, size, k in segments)):
+        return None
+    flat = [value for segment in segments for value in segment]
+    return _OPS.hvd_sparse_topk_abs_segments(x, tf.constant(flat, tf.int64, shape=[len(flat)]),
+                                             Tidx=tf.as_dtype(index_dtype))
+
+
 def segment_sums(x: tf.Tensor, lengths: list[int]) -> tuple[list[float], list[int]] | None:
     """The float64 sums of squares of consecutive segments of x (flattened) in one read, and the
     rounding depth of each (norms.cpp), for ``exact.float32_norms``; None where there is no kernel

@@ -361,11 +361,8 @@ class DEFT(Algorithm):
             k_units = [int(k) for k in received[n_ranks + len(table):]]
         self._record_assignment(control, ctx, master, tuple(k_units), bins, common, acc)
 
-        parts = []
-        for unit in bins[owned_bin(ctx.rank, master, n_ranks)]:
-            start, size = table.starts[unit], table.sizes[unit]
-            parts.append(b.topk_abs_indices(b.slice(acc, start, start + size), k_units[unit]) + start)
-        return b.concat(parts) if parts else b.arange(0, 0, like=acc)
+        return b.topk_abs_segments(acc, [(table.starts[unit], table.sizes[unit], k_units[unit])
+                                         for unit in bins[owned_bin(ctx.rank, master, n_ranks)]])
 
     def _record_assignment(self, control: DeftControl, ctx: StepContext, master: int,
                            k_units: tuple[int, ...], bins: tuple, common: tuple, like: Any) -> None:

@@ -16,6 +16,7 @@ exact.py, below both.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,6 +136,13 @@ class Backend:
         above +Inf (``exact.MAGNITUDE_KEYS``); of the entries tied at the k-th largest magnitude, those
         of the lowest indices are taken."""
         raise NotImplementedError
+
+    def topk_abs_segments(self, x: Array, segments: Sequence[tuple[int, int, int]]) -> Array:
+        """``topk_abs_indices`` in each (start, size, k) segment of x, offset by the segment's
+        start, concatenated in the order given (int64): DEFT's per-unit selection, one call."""
+        parts = [self.topk_abs_indices(self.slice(x, start, start + size), k) + start
+                 for start, size, k in segments]
+        return self.concat(parts) if parts else self.arange(0, 0, like=x)
 
     def indices_where_at_least(self, x: Array, threshold: float, offset: int = 0) -> Array:
         """int64 indices i (plus offset) with x[i] >= threshold, ascending."""

@@ -288,6 +288,11 @@ class TensorFlowBackend(Backend):
         merged = tf.concat([above, tied], axis=0)
         return -tf.math.top_k(-merged, k, sorted=True).values   # ascending
 
+    def topk_abs_segments(self, x, segments):
+        ops = kernels.tensorflow_ops()   # one op for every segment (kernels/tf_ops.py)
+        selected = None if ops is None else ops.topk_abs_segments(self.flat(x), list(segments))
+        return super().topk_abs_segments(x, segments) if selected is None else selected
+
     def indices_where_at_least(self, x, threshold, offset=0):
         idx = tf.reshape(tf.where(x >= tf.constant(threshold, dtype=x.dtype)), [-1])
         return idx + offset if offset else idx

@@ -6,6 +6,10 @@
 //
 // HvdSparseTopkAbs(x, k) -> indices: the k entries of largest magnitude of x (flattened) as
 // ascending int32/int64 indices, with the tie rule of Backend.topk_abs_indices (topk.cpp).
+// HvdSparseTopkAbsSegments(x, segments) -> indices: the same selection in each of several
+// segments of x (flattened), given as (start, size, k) triples, each segment's indices ascending
+// and offset by its start, concatenated in the order given (DEFT's per-unit top-k: one op call
+// where one call per unit cost more in TensorFlow's eager dispatch than the selection).
 // HvdSparseSegmentSumsq(x, lengths) -> (sums, depths): the float64 sums of squares of consecutive
 // segments of x (flattened) and each sum's rounding depth (norms.cpp: DEFT's per-unit norms).
 // HvdSparseAccumulateSelect(residual, velocity, inputs, ...) -> (accumulated, velocity, indices,
@@ -113,6 +117,47 @@ class TopkAbsOp : public OpKernel {
     OP_REQUIRES(context, status == 0,
                 tensorflow::errors::InvalidArgument("top-k kernel refused its arguments, status ",
                                                     status));
+  }
+};
+
+template <typename T, typename I>
+class TopkAbsSegmentsOp : public OpKernel {
+ public:
+  explicit TopkAbsSegmentsOp(OpKernelConstruction* context) : OpKernel(context) {}
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& segments = context->input(1);
+    OP_REQUIRES(context, segments.dims() == 1 && segments.NumElements() % 3 == 0,
+                tensorflow::errors::InvalidArgument("segments must be a vector of (start, size, k) "
+                                                    "triples"));
+    const int64_t n = x.NumElements();
+    const int64_t count = segments.NumElements() / 3;
+    const int64_t* triple = segments.flat<int64_t>().data();
+    int64_t total = 0;
+    for (int64_t s = 0; s < count; ++s) {
+      const int64_t start = triple[3 * s], size = triple[3 * s + 1], k = triple[3 * s + 2];
+      OP_REQUIRES(context, 0 <= start && 0 <= size && size <= n - start && 0 <= k && k <= size,
+                  tensorflow::errors::InvalidArgument("segment ", s, " (start ", start, ", size ",
+                                                      size, ", k ", k, ") outside [0, ", n, "]"));
+      total += k;
+    }
+    Tensor* out = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({total}), &out));
+    I* written = out->flat<I>().data();
+    const T* data = x.flat<T>().data();
+    for (int64_t s = 0; s < count; ++s) {
+      const int64_t start = triple[3 * s], size = triple[3 * s + 1], k = triple[3 * s + 2];
+      const int status = TopkFunction<T, I>::call(data + start, size, k, written);
+      OP_REQUIRES(context, status != -2,
+                  tensorflow::errors::ResourceExhausted("top-k kernel: out of memory selecting ", k,
+                                                        " of ", size, " entries"));
+      OP_REQUIRES(context, status == 0,
+                  tensorflow::errors::InvalidArgument("top-k kernel refused its arguments, status ",
+                                                      status));
+      for (int64_t i = 0; i < k; ++i) written[i] += static_cast<I>(start);
+      written += k;
+    }
   }
 };
 
@@ -615,3 +660,26 @@ HVD_SPARSE_REGISTER_TOPK(float, int32_t);
 HVD_SPARSE_REGISTER_TOPK(float, int64_t);
 HVD_SPARSE_REGISTER_TOPK(double, int32_t);
 HVD_SPARSE_REGISTER_TOPK(double, int64_t);
+
+REGISTER_OP("HvdSparseTopkAbsSegments")
+    .Input("x: T")
+    .Input("segments: int64")
+    .Output("indices: Tidx")
+    .Attr("T: {float, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      return tensorflow::OkStatus();
+    });
+
+#define HVD_SPARSE_REGISTER_TOPK_SEGMENTS(T, I)                                       \
+  REGISTER_KERNEL_BUILDER(Name("HvdSparseTopkAbsSegments")                            \
+                              .Device(DEVICE_CPU)                                     \
+                              .TypeConstraint<T>("T")                                 \
+                              .TypeConstraint<I>("Tidx"),                             \
+                          TopkAbsSegmentsOp<T, I>)
+
+HVD_SPARSE_REGISTER_TOPK_SEGMENTS(float, int32_t);
+HVD_SPARSE_REGISTER_TOPK_SEGMENTS(float, int64_t);
+HVD_SPARSE_REGISTER_TOPK_SEGMENTS(double, int32_t);
+HVD_SPARSE_REGISTER_TOPK_SEGMENTS(double, int64_t);

@@ -43,6 +43,10 @@ def test_bulk_ops_match_numpy(backend):
          ref.put(x.copy(), uniq, x[:4]))
     same(backend.indices_where_at_least(t, 1.5, offset=10), ref.indices_where_at_least(x, 1.5, offset=10))
     same(backend.topk_abs_indices(t, 17), ref.topk_abs_indices(x, 17))
+    segments = [(300, 200, 7), (0, 100, 0), (100, 5, 5), (999, 1, 1)]
+    same(backend.topk_abs_segments(t, segments), ref.topk_abs_segments(x, segments))
+    assert ref.topk_abs_segments(x, segments).tolist()[:7] == (ref.topk_abs_indices(x[300:500], 7)
+                                                              + 300).tolist()
     assert backend.sum_of_squares(t) == pytest.approx(ref.sum_of_squares(x))
     assert backend.count_at_least(t, [0.5, 2.0]) == ref.count_at_least(x, [0.5, 2.0])
     big = rng.standard_normal(200_000).astype(np.float32)

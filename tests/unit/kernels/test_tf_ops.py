@@ -58,6 +58,31 @@ def test_topk_matches_the_reference(ops):
             np.testing.assert_array_equal(got.astype(np.int64), expected, err_msg=f"n={x.size} k={k}")
 
 
+def test_topk_segments_match_the_reference_per_segment(ops):
+    """DEFT's one-call selection: each segment as the reference selects it alone, offset, in the
+    order given (not sorted: units are taken in bin order), empty and whole segments included."""
+    rng = np.random.default_rng(1)
+    backend = get_backend("tensorflow")
+    for x, _ in list(cases(rng))[:60]:
+        n = x.size
+        cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, 6)]))
+        segments = [(int(lo), int(hi - lo), int(rng.integers(0, hi - lo + 1)) if trial % 3 else
+                     [0, int(hi - lo)][trial % 2])
+                    for trial, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))]
+        segments = [segments[i] for i in rng.permutation(len(segments))]
+        expected = np.concatenate([reference(x[lo:lo + size], k) + lo for lo, size, k in segments]
+                                  or [np.zeros(0, np.int64)])
+        for index_dtype in ("int32", "int64"):
+            got = ops.topk_abs_segments(tf.constant(x), segments, index_dtype).numpy()
+            assert got.dtype == np.dtype(index_dtype)
+            np.testing.assert_array_equal(got.astype(np.int64), expected, err_msg=f"{segments}")
+        via_backend = backend.topk_abs_segments(tf.constant(x), segments).numpy()
+        np.testing.assert_array_equal(via_backend, expected)
+    assert ops.topk_abs_segments(tf.constant(np.ones(5, np.float32)), [(3, 3, 1)]) is None
+    assert ops.topk_abs_segments(tf.constant(np.ones(5, np.float32)), [(0, 2, 3)]) is None
+    assert ops.topk_abs_segments(tf.constant(np.ones(5, np.float32)), []).shape == (0,)
+
+
 def test_topk_declines_what_it_has_no_kernel_for(ops):
     assert ops.topk_abs(tf.constant(np.ones(5, np.float16)), 2) is None
     assert ops.topk_abs(tf.constant(np.ones(5, np.float32)), 6) is None
