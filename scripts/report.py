@@ -86,6 +86,14 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "--image-size 64 --configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model,dgc "
      "--rounds 10 --settle 600 --out bench/e2e-tf-models-inplace (after the in-place TF ops: no "
      "bucket-sized tensor allocated per step, see docs/kernels.md#tensorflow)"),
+    ("e2e-tf-models-eager.md",
+     "End to end in TensorFlow on ResNet-18: fewer eager ops per call, on a faster machine",
+     "python scripts/bench_e2e.py --framework tensorflow --models resnet18 --nets loopback --sizes 2 "
+     "--image-size 64 --configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model,dgc "
+     "--rounds 10 --settle 600 --out bench/e2e-tf-models-eager (after the op wrappers lost their "
+     "per-call eager ops and DEFT selects in one op call, docs/kernels.md#tensorflow; this machine "
+     "computed the same dense step in 0.41 s against 1.95 s in the section above, so every fixed "
+     "cost of a sparsifier weighs about 4.8 times as much against dense)"),
     ("time-to-accuracy/tta.md", "Time to accuracy (word-level LSTM)",
      "python scripts/time_to_accuracy.py --curves --sizes 2 4 (4 ranks: configurations split "
      "over two --out-dir runs side by side, then --merge-from their tta.json); --step-times-from "
@@ -127,7 +135,7 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "select-tf/select.json", "fidelity.json", "convergence.json",
                  "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
                  "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models.json",
-                 "e2e-tf.json", "e2e-tf-models-inplace.json", "time-to-accuracy/tta.json",
+                 "e2e-tf.json", "e2e-tf-models-eager.json", "time-to-accuracy/tta.json",
                  "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
