@@ -507,6 +507,17 @@ class ScatterSplitOp : public OpKernel {
 
 }  // namespace
 
+// Registers KERNEL<value type, index type> for an op whose value attr (T or R) is fp32 or fp64
+// and whose Tidx is int32 or int64: the four kernels every selecting op has.
+#define HVD_SPARSE_REGISTER_ONE(OP, ATTR, KERNEL, V, I)                                           \
+  REGISTER_KERNEL_BUILDER(                                                                       \
+      Name(OP).Device(DEVICE_CPU).TypeConstraint<V>(ATTR).TypeConstraint<I>("Tidx"), KERNEL<V, I>)
+#define HVD_SPARSE_REGISTER_BY_TYPES(OP, ATTR, KERNEL)         \
+  HVD_SPARSE_REGISTER_ONE(OP, ATTR, KERNEL, float, int32_t);   \
+  HVD_SPARSE_REGISTER_ONE(OP, ATTR, KERNEL, float, int64_t);   \
+  HVD_SPARSE_REGISTER_ONE(OP, ATTR, KERNEL, double, int32_t);  \
+  HVD_SPARSE_REGISTER_ONE(OP, ATTR, KERNEL, double, int64_t)
+
 REGISTER_OP("HvdSparseScatterSplit")
     .Input("idx: Tidx")
     .Input("values: T")
@@ -522,15 +533,7 @@ REGISTER_OP("HvdSparseScatterSplit")
       return tensorflow::OkStatus();
     });
 
-#define HVD_SPARSE_REGISTER_SCATTER(T, I)                                                               \
-  REGISTER_KERNEL_BUILDER(                                                                              \
-      Name("HvdSparseScatterSplit").Device(DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<I>("Tidx"), \
-      ScatterSplitOp<T, I>)
-
-HVD_SPARSE_REGISTER_SCATTER(float, int32_t);
-HVD_SPARSE_REGISTER_SCATTER(float, int64_t);
-HVD_SPARSE_REGISTER_SCATTER(double, int32_t);
-HVD_SPARSE_REGISTER_SCATTER(double, int64_t);
+HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseScatterSplit", "T", ScatterSplitOp);
 
 REGISTER_OP("HvdSparseAccumulateSelect")
     .Input("residual: R")
@@ -561,17 +564,7 @@ REGISTER_OP("HvdSparseAccumulateSelect")
       return tensorflow::OkStatus();
     });
 
-#define HVD_SPARSE_REGISTER_ACCUMULATE(R, I)                                          \
-  REGISTER_KERNEL_BUILDER(Name("HvdSparseAccumulateSelect")                           \
-                              .Device(DEVICE_CPU)                                     \
-                              .TypeConstraint<R>("R")                                 \
-                              .TypeConstraint<I>("Tidx"),                             \
-                          AccumulateSelectOp<R, I>)
-
-HVD_SPARSE_REGISTER_ACCUMULATE(float, int32_t);
-HVD_SPARSE_REGISTER_ACCUMULATE(float, int64_t);
-HVD_SPARSE_REGISTER_ACCUMULATE(double, int32_t);
-HVD_SPARSE_REGISTER_ACCUMULATE(double, int64_t);
+HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseAccumulateSelect", "R", AccumulateSelectOp);
 
 REGISTER_OP("HvdSparseSelectAtLeast")
     .Input("x: R")
@@ -588,14 +581,7 @@ REGISTER_OP("HvdSparseSelectAtLeast")
       return tensorflow::OkStatus();
     });
 
-#define HVD_SPARSE_REGISTER_SELECT(R, I)                                                               \
-  REGISTER_KERNEL_BUILDER(                                                                             \
-      Name("HvdSparseSelectAtLeast").Device(DEVICE_CPU).TypeConstraint<R>("R").TypeConstraint<I>("Tidx"), \
-      SelectAtLeastOp<R, I>)
-HVD_SPARSE_REGISTER_SELECT(float, int32_t);
-HVD_SPARSE_REGISTER_SELECT(float, int64_t);
-HVD_SPARSE_REGISTER_SELECT(double, int32_t);
-HVD_SPARSE_REGISTER_SELECT(double, int64_t);
+HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseSelectAtLeast", "R", SelectAtLeastOp);
 
 REGISTER_OP("HvdSparseSetAt")
     .Input("x: T")
@@ -611,15 +597,7 @@ REGISTER_OP("HvdSparseSetAt")
       return tensorflow::OkStatus();
     });
 
-#define HVD_SPARSE_REGISTER_SET_AT(T, I)                                                         \
-  REGISTER_KERNEL_BUILDER(                                                                       \
-      Name("HvdSparseSetAt").Device(DEVICE_CPU).TypeConstraint<T>("T").TypeConstraint<I>("Tidx"), \
-      SetAtOp<T, I>)
-
-HVD_SPARSE_REGISTER_SET_AT(float, int32_t);
-HVD_SPARSE_REGISTER_SET_AT(float, int64_t);
-HVD_SPARSE_REGISTER_SET_AT(double, int32_t);
-HVD_SPARSE_REGISTER_SET_AT(double, int64_t);
+HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseSetAt", "T", SetAtOp);
 
 REGISTER_OP("HvdSparseSegmentSumsq")
     .Input("x: T")
@@ -649,17 +627,7 @@ REGISTER_OP("HvdSparseTopkAbs")
       return tensorflow::OkStatus();
     });
 
-#define HVD_SPARSE_REGISTER_TOPK(T, I)                                                \
-  REGISTER_KERNEL_BUILDER(Name("HvdSparseTopkAbs")                                    \
-                              .Device(DEVICE_CPU)                                     \
-                              .TypeConstraint<T>("T")                                 \
-                              .TypeConstraint<I>("Tidx"),                             \
-                          TopkAbsOp<T, I>)
-
-HVD_SPARSE_REGISTER_TOPK(float, int32_t);
-HVD_SPARSE_REGISTER_TOPK(float, int64_t);
-HVD_SPARSE_REGISTER_TOPK(double, int32_t);
-HVD_SPARSE_REGISTER_TOPK(double, int64_t);
+HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseTopkAbs", "T", TopkAbsOp);
 
 REGISTER_OP("HvdSparseTopkAbsSegments")
     .Input("x: T")
@@ -672,14 +640,4 @@ REGISTER_OP("HvdSparseTopkAbsSegments")
       return tensorflow::OkStatus();
     });
 
-#define HVD_SPARSE_REGISTER_TOPK_SEGMENTS(T, I)                                       \
-  REGISTER_KERNEL_BUILDER(Name("HvdSparseTopkAbsSegments")                            \
-                              .Device(DEVICE_CPU)                                     \
-                              .TypeConstraint<T>("T")                                 \
-                              .TypeConstraint<I>("Tidx"),                             \
-                          TopkAbsSegmentsOp<T, I>)
-
-HVD_SPARSE_REGISTER_TOPK_SEGMENTS(float, int32_t);
-HVD_SPARSE_REGISTER_TOPK_SEGMENTS(float, int64_t);
-HVD_SPARSE_REGISTER_TOPK_SEGMENTS(double, int32_t);
-HVD_SPARSE_REGISTER_TOPK_SEGMENTS(double, int64_t);
+HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseTopkAbsSegments", "T", TopkAbsSegmentsOp);

@@ -4,6 +4,8 @@ and full selections, fp32 and fp64, int32 and int64 indices; and the backend's s
 
 from __future__ import annotations
 
+import itertools
+
 import numpy as np
 import pytest
 
@@ -68,7 +70,7 @@ def test_topk_segments_match_the_reference_per_segment(ops):
         cuts = np.unique(np.concatenate([[0, n], rng.integers(0, n + 1, 6)]))
         segments = [(int(lo), int(hi - lo), int(rng.integers(0, hi - lo + 1)) if trial % 3 else
                      [0, int(hi - lo)][trial % 2])
-                    for trial, (lo, hi) in enumerate(zip(cuts[:-1], cuts[1:], strict=True))]
+                    for trial, (lo, hi) in enumerate(itertools.pairwise(cuts))]
         segments = [segments[i] for i in rng.permutation(len(segments))]
         expected = np.concatenate([reference(x[lo:lo + size], k) + lo for lo, size, k in segments]
                                   or [np.zeros(0, np.int64)])
