@@ -169,11 +169,10 @@ def set_at(x: tf.Tensor, idx: tf.Tensor, values: tf.Tensor | None, in_place: boo
     if (x.dtype not in _VALUES or idx.dtype not in (tf.int32, tf.int64) or x.shape.rank != 1
             or not _on_cpu(x, idx)):
         return None
-    if values is None:
-        values = _empty(x.dtype)
-    elif values.dtype != x.dtype:
-        values = tf.cast(_vector(values), x.dtype)
-    return _OPS.hvd_sparse_set_at(x, _vector(idx), _vector(values), in_place=in_place)
+    values = _empty(x.dtype) if values is None else _vector(values)
+    if values.dtype != x.dtype:
+        values = tf.cast(values, x.dtype)
+    return _OPS.hvd_sparse_set_at(x, _vector(idx), values, in_place=in_place)
 
 
 def scatter_split(idx: tf.Tensor, values: tf.Tensor, sizes: list[int]) -> list[tf.Tensor] | None:

@@ -289,8 +289,8 @@ class TensorFlowBackend(Backend):
         return -tf.math.top_k(-merged, k, sorted=True).values   # ascending
 
     def topk_abs_segments(self, x, segments):
-        ops = kernels.tensorflow_ops()   # one op for every segment (kernels/tf_ops.py)
-        selected = None if ops is None else ops.topk_abs_segments(self.flat(x), list(segments))
+        ops = kernels.tensorflow_ops()   # one op for every segment, x read flat (kernels/tf_ops.py)
+        selected = None if ops is None else ops.topk_abs_segments(x, list(segments))
         return super().topk_abs_segments(x, segments) if selected is None else selected
 
     def indices_where_at_least(self, x, threshold, offset=0):

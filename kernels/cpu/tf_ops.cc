@@ -94,6 +94,18 @@ template <> struct TopkFunction<double, int64_t> {
   static constexpr auto call = hvd_sparse_topk_abs_f64_i64;
 };
 
+// The k of largest magnitude of n entries at data into out (topk.cpp), or the op's error.
+template <typename T, typename I>
+void SelectTopk(OpKernelContext* context, const T* data, int64_t n, int64_t k, I* out) {
+  const int status = TopkFunction<T, I>::call(data, n, k, out);
+  OP_REQUIRES(context, status != -2,
+              tensorflow::errors::ResourceExhausted("top-k kernel: out of memory selecting ", k,
+                                                    " of ", n, " entries"));
+  OP_REQUIRES(context, status == 0,
+              tensorflow::errors::InvalidArgument("top-k kernel refused its arguments, status ",
+                                                  status));
+}
+
 template <typename T, typename I>
 class TopkAbsOp : public OpKernel {
  public:
@@ -110,13 +122,7 @@ class TopkAbsOp : public OpKernel {
                 tensorflow::errors::InvalidArgument("k = ", k, " outside [0, ", n, "]"));
     Tensor* out = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({k}), &out));
-    const int status = TopkFunction<T, I>::call(x.data(), n, k, out->flat<I>().data());
-    OP_REQUIRES(context, status != -2,
-                tensorflow::errors::ResourceExhausted("top-k kernel: out of memory selecting ", k,
-                                                      " of ", n, " entries"));
-    OP_REQUIRES(context, status == 0,
-                tensorflow::errors::InvalidArgument("top-k kernel refused its arguments, status ",
-                                                    status));
+    SelectTopk<T, I>(context, x.flat<T>().data(), n, k, out->flat<I>().data());
   }
 };
 
@@ -148,13 +154,8 @@ class TopkAbsSegmentsOp : public OpKernel {
     const T* data = x.flat<T>().data();
     for (int64_t s = 0; s < count; ++s) {
       const int64_t start = triple[3 * s], size = triple[3 * s + 1], k = triple[3 * s + 2];
-      const int status = TopkFunction<T, I>::call(data + start, size, k, written);
-      OP_REQUIRES(context, status != -2,
-                  tensorflow::errors::ResourceExhausted("top-k kernel: out of memory selecting ", k,
-                                                        " of ", size, " entries"));
-      OP_REQUIRES(context, status == 0,
-                  tensorflow::errors::InvalidArgument("top-k kernel refused its arguments, status ",
-                                                      status));
+      SelectTopk<T, I>(context, data + start, size, k, written);
+      if (!context->status().ok()) return;
       for (int64_t i = 0; i < k; ++i) written[i] += static_cast<I>(start);
       written += k;
     }
@@ -518,6 +519,12 @@ class ScatterSplitOp : public OpKernel {
   HVD_SPARSE_REGISTER_ONE(OP, ATTR, KERNEL, double, int32_t);  \
   HVD_SPARSE_REGISTER_ONE(OP, ATTR, KERNEL, double, int64_t)
 
+// The shape of a selecting op's outputs: vectors whose length the data decides.
+tensorflow::Status VectorsOfUnknownLength(tensorflow::shape_inference::InferenceContext* c) {
+  for (int p = 0; p < c->num_outputs(); ++p) c->set_output(p, c->Vector(c->UnknownDim()));
+  return tensorflow::OkStatus();
+}
+
 REGISTER_OP("HvdSparseScatterSplit")
     .Input("idx: Tidx")
     .Input("values: T")
@@ -575,11 +582,7 @@ REGISTER_OP("HvdSparseSelectAtLeast")
     .Output("counts: int64")
     .Attr("R: {float, double}")
     .Attr("Tidx: {int32, int64} = DT_INT64")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->Vector(c->UnknownDim()));
-      return tensorflow::OkStatus();
-    });
+    .SetShapeFn(VectorsOfUnknownLength);
 
 HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseSelectAtLeast", "R", SelectAtLeastOp);
 
@@ -622,10 +625,7 @@ REGISTER_OP("HvdSparseTopkAbs")
     .Output("indices: Tidx")
     .Attr("T: {float, double}")
     .Attr("Tidx: {int32, int64} = DT_INT64")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      return tensorflow::OkStatus();
-    });
+    .SetShapeFn(VectorsOfUnknownLength);
 
 HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseTopkAbs", "T", TopkAbsOp);
 
@@ -635,9 +635,6 @@ REGISTER_OP("HvdSparseTopkAbsSegments")
     .Output("indices: Tidx")
     .Attr("T: {float, double}")
     .Attr("Tidx: {int32, int64} = DT_INT64")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      return tensorflow::OkStatus();
-    });
+    .SetShapeFn(VectorsOfUnknownLength);
 
 HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseTopkAbsSegments", "T", TopkAbsSegmentsOp);
