@@ -37,7 +37,7 @@ def tensorflow_ops() -> list[Extension]:
         return []
     return [Extension("hvd_sparse.kernels.cpu._tf_ops",
                       sources=["kernels/cpu/tf_ops.cc", "kernels/cpu/topk.cpp", "kernels/cpu/norms.cpp",
-                               "kernels/cpu/accumulate.cpp"],
+                               "kernels/cpu/accumulate.cpp", "kernels/cpu/sampled.cpp"],
                       depends=sorted(glob("kernels/cpu/*.h")), language="c++",
                       extra_compile_args=[*FLAGS, "-Wno-deprecated-declarations",
                                           *tf.sysconfig.get_compile_flags()],

@@ -18,12 +18,13 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
+from ..backends.contract import ThresholdBand
 from ..backends.exact import KernelSelection
 from . import KernelUnavailable
 
 CPU = Path(__file__).resolve().parent / "cpu"
 STEM = "_tf_ops"
-SOURCES = ("tf_ops.cc", "topk.cpp", "norms.cpp", "accumulate.cpp")
+SOURCES = ("tf_ops.cc", "topk.cpp", "norms.cpp", "accumulate.cpp", "sampled.cpp")
 FIX = "rebuild it with `make install` (or `pip install -e .` in the repository)"
 _VALUES = (tf.float32, tf.float64)
 _INPUTS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -65,6 +66,7 @@ def _on_cpu(*tensors: tf.Tensor) -> bool:
 # Per-call overhead matters: a per-tensor step calls these ops on tens of small tensors, and an
 # eager slice or reshape costs far more than the op itself (about 100 and 55 us against 20 us).
 _EMPTY: dict = {}
+_CONSTANTS: dict = {}
 
 
 def _empty(dtype: tf.DType) -> tf.Tensor:
@@ -74,6 +76,20 @@ def _empty(dtype: tf.DType) -> tf.Tensor:
     if dtype not in _EMPTY:
         _EMPTY[dtype] = tf.zeros([0], dtype)
     return _EMPTY[dtype]
+
+
+def _constant(values: tuple, dtype: tf.DType) -> tf.Tensor:
+    """A constant vector of values, made once per value when eager (the eager constant costs more
+    than a small op's kernel); the last few hundred are kept."""
+    if not tf.executing_eagerly():
+        return tf.constant(values, dtype)
+    key = (values, dtype)
+    found = _CONSTANTS.get(key)
+    if found is None:
+        if len(_CONSTANTS) >= 256:
+            _CONSTANTS.pop(next(iter(_CONSTANTS)))
+        found = _CONSTANTS[key] = tf.constant(values, dtype, shape=[len(values)])
+    return found
 
 
 def _vector(x: tf.Tensor) -> tf.Tensor:
@@ -161,6 +177,20 @@ def select_at_least(x: tf.Tensor, lo: int, hi: int, threshold: float, probes: li
         tf.constant(plan.threshold, tf.float64), tf.constant(plan.probes, tf.float64, shape=[len(probes)]),
         Tidx=tf.as_dtype(index_dtype))
     return idx, plan.scale(counts.numpy().tolist())
+
+
+def sampled_threshold_select(x: tf.Tensor, k: int, start: int, stride: int, top: int, band: ThresholdBand,
+                             index_dtype: str = "int64") -> tuple[tf.Tensor, float] | None:
+    """``Backend.sampled_threshold_select`` (DGC's selection) in one op (sampled.cpp): (ascending
+    indices, final threshold); None where there is no kernel."""
+    n = x.shape.num_elements()
+    if (x.dtype not in _VALUES or n is None or x.shape.rank != 1 or not 1 <= k <= n or stride < 1
+            or not _on_cpu(x)):
+        return None
+    idx, threshold = _OPS.hvd_sparse_sampled_threshold_select(
+        x, tf.constant([k, start, stride, top], tf.int64), _constant((band.upper, band.lower), tf.float64),
+        iterations=band.iterations, resample=band.resample, Tidx=tf.as_dtype(index_dtype))
+    return idx, float(threshold)
 
 
 def set_at(x: tf.Tensor, idx: tf.Tensor, values: tf.Tensor | None, in_place: bool) -> tf.Tensor | None:

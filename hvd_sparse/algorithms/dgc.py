@@ -12,7 +12,8 @@ Paper mode follows the first author's PyTorch code (``synxlin/deep-gradient-comp
 * **Sampled threshold.** Sample ``|v|`` (strided with a random start, stride a multiple of 32
   plus 1, at least ``max(ceil(sample_ratio·n), ceil(2/ρ))`` samples; a tensor with
   ``n ≤ ceil(2/ρ)`` is not sampled), take λ as the smallest of the top ``ceil(ρ·samples)``
-  samples and select ``|v| ≥ λ``. Then adapt, at most ``max_adaptation_iters`` times: more than
+  samples and select ``|v| ≥ λ``. Then adapt a sampled λ, at most ``max_adaptation_iters`` times
+  (one that read the whole tensor is kept, as the authors keep it): more than
   ``upper·k`` selected → exact top-k among them (``resample``) and stop, or λ ×= upper without
   ``resample``; between k and ``upper·k`` → stop; fewer than ``lower·k`` → λ ×= lower. Finally
   the first k selected (in index order) are kept. Here k = ceil(ρ·n) (the authors' rounding).
@@ -50,6 +51,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
+from ..backends import ThresholdBand, top_magnitudes
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer, is_real
 from .corrections import CorrectionOptions
@@ -90,14 +92,6 @@ def sampling_plan(numel: int, density: float, sample_ratio: float) -> SamplingPl
                 num_samples = numel // stride
     top_samples = min(num_samples, max(1, math.ceil(num_samples * density)))
     return SamplingPlan(numel, k, num_samples, stride, top_samples)
-
-
-def top_magnitudes(b: Any, x: Any, k: int) -> tuple[Any, float]:
-    """The indices of the k largest magnitudes of ``x`` (``Backend.topk_abs_indices``) and λ, the
-    smallest of them: NaN when a NaN is among them (NaN ranks above +Inf), and then nothing passes
-    ``>= λ``. Only those k values leave the device."""
-    idx = b.topk_abs_indices(x, k)
-    return idx, float(np.abs(b.to_numpy(b.take(x, idx))).min())
 
 
 def warmup_density(density: float, warmup_epochs: int, epoch: int) -> float:
@@ -218,19 +212,26 @@ class DGC(Algorithm):
 
     # --- selection -------------------------------------------------------------------------------------
     def select_local(self, acc: Any, control: DGCControl, ctx: StepContext) -> Any:
-        """The sampled threshold, and the entries above it (module docstring)."""
+        """The sampled threshold, and the entries above it (module docstring): one backend call
+        (``Backend.sampled_threshold_select``, one kernel call where there is one)."""
         b = ctx.backend
         plan = self._plan(control, ctx)
-        if plan.num_samples == ctx.numel:
-            # λ is the k-th largest |a|; the first k of |a| >= λ in index order are the top k with
-            # ties at the lowest indices (Backend.topk_abs_indices), unless λ is NaN: nothing passes
-            idx, threshold = top_magnitudes(b, acc, plan.k)
-            control.threshold = threshold
-            return b.slice(idx, 0, 0) if math.isnan(threshold) else idx
-        # |sample| is a contiguous copy of a strided view: the top-k kernels take it
-        threshold = top_magnitudes(b, b.abs(self._sample(acc, plan, ctx)), plan.top_samples)[1]
-        idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
-        return self._adapt(acc, idx, threshold, plan, control, ctx)
+        band = ThresholdBand(self.upper, self.lower, self.max_adaptation_iters, self.resample)
+        if plan.stride == 1 or self.strided_sample:   # stride 1: λ = the k-th largest |a|
+            start = 0 if plan.stride == 1 else int(self._rng(ctx).integers(0, plan.stride))
+            idx, control.threshold = b.sampled_threshold_select(acc, plan.k, start, plan.stride,
+                                                                plan.top_samples, band)
+            return idx
+        where = self._rng(ctx).integers(0, ctx.numel, plan.num_samples, dtype=np.int64)   # uniform
+        sample = b.abs(b.take(acc, b.from_numpy(where, like=acc)))
+        idx, control.threshold = b.adapt_threshold_select(
+            acc, top_magnitudes(b, sample, plan.top_samples)[1], plan.k, band)
+        return idx
+
+    def _rng(self, ctx: StepContext) -> np.random.Generator:
+        """The sample's random source: the same on every rank (seed, step, bucket), made only for a
+        sampled bucket (a generator costs more than a small bucket's selection)."""
+        return np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
 
     def _plan(self, control: DGCControl, ctx: StepContext) -> SamplingPlan:
         """This step's sampling plan; records its density and k in ``control``."""
@@ -238,38 +239,6 @@ class DGC(Algorithm):
         plan = sampling_plan(ctx.numel, density, self.sample_ratio)
         control.density, control.k = density, plan.k
         return plan
-
-    def _sample(self, acc: Any, plan: SamplingPlan, ctx: StepContext) -> Any:
-        """This step's sample of ``acc``: a strided view from a random start (no index vector, no
-        gather), or uniform positions."""
-        b = ctx.backend
-        rng = np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
-        if self.strided_sample:
-            return b.slice(acc, int(rng.integers(0, plan.stride)), ctx.numel, plan.stride)
-        where = rng.integers(0, ctx.numel, plan.num_samples, dtype=np.int64)
-        return b.take(acc, b.from_numpy(where, like=acc))
-
-    def _adapt(self, acc: Any, idx: Any, threshold: float, plan: SamplingPlan, control: DGCControl,
-               ctx: StepContext) -> Any:
-        """The authors' adaptation of a sampled threshold, then the first k selected."""
-        b = ctx.backend
-        count = b.numel(idx)
-        for _ in range(self.max_adaptation_iters):
-            if count > plan.k:
-                if count <= self.upper * plan.k:
-                    break
-                if self.resample:
-                    idx = b.take(idx, b.topk_abs_indices(b.take(acc, idx), plan.k))
-                    break
-                threshold *= self.upper
-            elif count < self.lower * plan.k:
-                threshold *= self.lower
-            else:
-                break
-            idx = b.select_at_least(acc, 0, ctx.numel, threshold)[0]
-            count = b.numel(idx)
-        control.threshold = threshold
-        return b.slice(idx, 0, plan.k) if b.numel(idx) > plan.k else idx
 
     def target_k(self, control: DGCControl, ctx: StepContext) -> int:
         """The k of the step's selection, or of the step's density before one."""

@@ -3,8 +3,8 @@ results of the fused ops: contract.py; the numerics every path shares: exact.py)
 
 from __future__ import annotations
 
-from .base import Backend, Momentum, index_dtype_for
-from .contract import Moments, Norms, Selected, Velocity
+from .base import Backend, Momentum, index_dtype_for, top_magnitudes
+from .contract import Moments, Norms, Selected, ThresholdBand, Velocity
 
 __all__ = [
     "Backend",
@@ -12,9 +12,11 @@ __all__ = [
     "Momentum",
     "Norms",
     "Selected",
+    "ThresholdBand",
     "Velocity",
     "get_backend",
     "index_dtype_for",
+    "top_magnitudes",
 ]
 
 _INSTANCES: dict[str, Backend] = {}

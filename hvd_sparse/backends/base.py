@@ -7,7 +7,9 @@ mutable may update its first argument in place and return it (the engine always 
 value), so the TensorFlow backend, whose tensors are immutable, fits the same code.
 
 Control decisions (thresholds, counts, partitions) are not made here: they are small NumPy
-computations that read host scalars (``to_numpy``, ``item``).
+computations that read host scalars (``to_numpy``, ``item``). One exception:
+``adapt_threshold_select``, DGC's threshold adaptation, decides between passes over the vector,
+so that a kernel can run the whole selection in one call (``sampled_threshold_select``).
 
 This module is the interface and the reference compositions of the fused ops; the bit-exact
 numerics the backends and the kernels share (norms, moments, magnitude keys, sampling) live in
@@ -21,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import Array, Moments, Norms, Selected, Velocity
+from .contract import Array, Moments, Norms, Selected, ThresholdBand, Velocity
 
 
 @dataclass
@@ -143,6 +145,42 @@ class Backend:
         parts = [self.topk_abs_indices(self.slice(x, start, start + size), k) + start
                  for start, size, k in segments]
         return self.concat(parts) if parts else self.arange(0, 0, like=x)
+
+    def sampled_threshold_select(self, x: Array, k: int, start: int, stride: int, top: int,
+                                 band: ThresholdBand) -> tuple[Array, float]:
+        """DGC's selection of about k entries of x (a vector), one call: ascending int64 indices
+        and the final threshold. The threshold is the smallest of the ``top`` largest magnitudes
+        of ``x[start::stride]``, then ``adapt_threshold_select`` -- without adapting it when
+        stride is 1 (nothing sampled: the authors adapt only a sampled threshold)."""
+        # |sample| is a contiguous copy of a strided view: the top-k kernels take it
+        sample = self.abs(self.slice(x, start, self.numel(x), stride))
+        threshold = top_magnitudes(self, sample, top)[1]
+        return self.adapt_threshold_select(x, threshold, k,
+                                           band if stride > 1 else band._replace(iterations=0))
+
+    def adapt_threshold_select(self, x: Array, threshold: float, k: int, band: ThresholdBand
+                               ) -> tuple[Array, float]:
+        """The entries with |x| >= threshold, the threshold adapted by ``band`` until between k
+        and upper·k are chosen, then the first k chosen: ascending int64 indices, and the final
+        threshold (a NaN threshold chooses nothing)."""
+        n = self.numel(x)
+        idx = self.select_at_least(x, 0, n, threshold)[0]
+        count = self.numel(idx)
+        for _ in range(band.iterations):
+            if count > k:
+                if count <= band.upper * k:
+                    break
+                if band.resample:
+                    idx = self.take(idx, self.topk_abs_indices(self.take(x, idx), k))
+                    break
+                threshold *= band.upper
+            elif count < band.lower * k:
+                threshold *= band.lower
+            else:
+                break
+            idx = self.select_at_least(x, 0, n, threshold)[0]
+            count = self.numel(idx)
+        return (self.slice(idx, 0, k) if self.numel(idx) > k else idx), threshold
 
     def indices_where_at_least(self, x: Array, threshold: float, offset: int = 0) -> Array:
         """int64 indices i (plus offset) with x[i] >= threshold, ascending."""
@@ -291,6 +329,14 @@ class Backend:
             out.append(self.cast(piece, self.dtype_name(t)))
             offset += n
         return out
+
+
+def top_magnitudes(b: Backend, x: Array, k: int) -> tuple[Array, float]:
+    """The indices of the k largest magnitudes of ``x`` (``Backend.topk_abs_indices``) and the
+    smallest of those magnitudes: NaN when a NaN is among them (NaN ranks above +Inf), and then
+    nothing passes ``>=`` it. Only those k values leave the device."""
+    idx = b.topk_abs_indices(x, k)
+    return idx, float(np.abs(b.to_numpy(b.take(x, idx))).min())
 
 
 def index_dtype_for(n: int) -> str:

@@ -61,6 +61,17 @@ class Velocity(NamedTuple):
     momentum: Array
 
 
+class ThresholdBand(NamedTuple):
+    """How a sampled threshold adapts (``Backend.adapt_threshold_select``, DGC's): more than
+    ``upper``·k chosen: the exact top-k of them with ``resample``, else threshold ×= upper; fewer
+    than ``lower``·k: threshold ×= lower; at most ``iterations`` times."""
+
+    upper: float
+    lower: float
+    iterations: int
+    resample: bool
+
+
 class KernelOps(Protocol):
     """What an op module of hvd_sparse.kernels provides (``kernels.ops_for``): every op returns the
     result of the backend op it replaces, bit for bit, or None where it does not handle its
@@ -106,6 +117,10 @@ class KernelOps(Protocol):
     def select_at_least(self, x: Array, lo: int, hi: int, threshold: float, probes: list[float],
                         every: int, index_dtype: Any) -> tuple[Array, list[float]] | None:
         """``Backend.select_at_least``: (indices, probe counts)."""
+
+    def sampled_threshold_select(self, x: Array, k: int, start: int, stride: int, top: int,
+                                 band: ThresholdBand, index_dtype: Any) -> tuple[Array, float] | None:
+        """``Backend.sampled_threshold_select``: (indices, threshold)."""
 
     def mean_std(self, x: Array) -> tuple[float, float] | None:
         """``Backend.mean_std``."""

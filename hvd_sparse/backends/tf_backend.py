@@ -162,6 +162,11 @@ class TensorFlowBackend(Backend):
             return done
         return super().select_at_least(x, lo, hi, threshold, probes, every)
 
+    def sampled_threshold_select(self, x, k, start, stride, top, band):
+        ops = kernels.tensorflow_ops()   # one op call, where each step was an eager op
+        done = None if ops is None else ops.sampled_threshold_select(x, k, start, stride, top, band)
+        return super().sampled_threshold_select(x, k, start, stride, top, band) if done is None else done
+
     def split_like(self, flat, tensors):
         if isinstance(tensors, Packed):
             return Packed(tensors, tf.split(flat, [spec.shape.num_elements() for spec in tensors]))

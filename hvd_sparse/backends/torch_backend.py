@@ -225,6 +225,12 @@ class TorchBackend(Backend):
             return done
         return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
 
+    def sampled_threshold_select(self, x, k, start, stride, top, band):
+        ops = kernels.ops_for(x)   # one kernel call: no return to Python between passes
+        done = None if ops is None else ops.sampled_threshold_select(x, k, start, stride, top, band,
+                                                                       torch.int64)
+        return super().sampled_threshold_select(x, k, start, stride, top, band) if done is None else done
+
     def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
         ops = kernels.ops_for(x)
         done = None if ops is None else ops.select_at_least(x, lo, hi, threshold, list(probes), every,

@@ -17,6 +17,9 @@
 // correction's velocity) and the threshold selection in one pass (accumulate.cpp).
 // HvdSparseSelectAtLeast(x, bounds, threshold, probes) -> (indices, counts): that selection alone,
 // on a vector already accumulated, read once (DGC's threshold passes, hard threshold).
+// HvdSparseSampledThresholdSelect(x, plan, band) -> (indices, threshold): DGC's selection in one
+// call (sampled.cpp): the threshold from a strided sample, its adaptation passes, the exact top-k
+// of an over-full selection.
 // HvdSparseSetAt(x, idx, values) -> x with x[idx] = values (zeros when values is empty).
 // HvdSparseScatterSplit(idx, values) -> parts: the dense vector with values at idx (duplicates
 // summed in order, from zeros, as tf.scatter_nd sums them) cut into pieces of the given sizes,
@@ -69,6 +72,10 @@ int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype
 int64_t hvd_sparse_select_at_least(const void* x, int dtype, int64_t lo, int64_t hi, double threshold,
                                    void* out, int index_bits, const double* probes, int num_probes,
                                    int64_t row_len, int64_t every, int64_t sample_end, int64_t* counts);
+int64_t hvd_sparse_sampled_threshold_select(const void* x, int dtype, int64_t n, int64_t k, int64_t start,
+                                            int64_t stride, int64_t top, double upper, double lower,
+                                            int64_t iterations, int resample, void* room, int index_bits,
+                                            double* threshold);
 }
 
 namespace {
@@ -438,6 +445,47 @@ class SelectAtLeastOp : public OpKernel {
   }
 };
 
+// DGC's selection (sampled.cpp): plan = (k, start, stride, top), band = (upper, lower).
+template <typename R, typename I>
+class SampledThresholdSelectOp : public OpKernel {
+ public:
+  explicit SampledThresholdSelectOp(OpKernelConstruction* context) : OpKernel(context) {
+    OP_REQUIRES_OK(context, context->GetAttr("iterations", &iterations_));
+    OP_REQUIRES_OK(context, context->GetAttr("resample", &resample_));
+  }
+
+  void Compute(OpKernelContext* context) override {
+    const Tensor& x = context->input(0);
+    const Tensor& plan = context->input(1);
+    const Tensor& band = context->input(2);
+    OP_REQUIRES(context, plan.NumElements() == 4 && band.NumElements() == 2,
+                tensorflow::errors::InvalidArgument("plan needs 4 entries and band 2"));
+    const auto p = plan.flat<int64_t>();
+    const auto b = band.flat<double>();
+    Tensor room;
+    OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DataTypeToEnum<I>::value,
+                                                   TensorShape({x.NumElements()}), &room));
+    Tensor* threshold = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({}), &threshold));
+    const int64_t selected = hvd_sparse_sampled_threshold_select(
+        x.tensor_data().data(), std::is_same<R, float>::value ? 2 : 3, x.NumElements(), p(0), p(1), p(2),
+        p(3), b(0), b(1), iterations_, resample_ ? 1 : 0, data_of(&room),
+        std::is_same<I, int32_t>::value ? 32 : 64, threshold->scalar<double>().data());
+    OP_REQUIRES(context, selected != -2,
+                tensorflow::errors::ResourceExhausted("sampled threshold kernel: out of memory"));
+    OP_REQUIRES(context, selected >= 0,
+                tensorflow::errors::InvalidArgument("sampled threshold kernel refused its arguments, "
+                                                    "status ", selected));
+    Tensor* indices = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({selected}), &indices));
+    std::memcpy(data_of(indices), data_of(&room), sizeof(I) * selected);
+  }
+
+ private:
+  int64_t iterations_ = 0;
+  bool resample_ = false;
+};
+
 // x with x[idx[j]] = values[j] (zero for every j when values is empty), in place with in_place.
 template <typename T, typename I>
 class SetAtOp : public OpKernel {
@@ -585,6 +633,24 @@ REGISTER_OP("HvdSparseSelectAtLeast")
     .SetShapeFn(VectorsOfUnknownLength);
 
 HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseSelectAtLeast", "R", SelectAtLeastOp);
+
+REGISTER_OP("HvdSparseSampledThresholdSelect")
+    .Input("x: R")
+    .Input("plan: int64")
+    .Input("band: double")
+    .Output("indices: Tidx")
+    .Output("threshold: double")
+    .Attr("R: {float, double}")
+    .Attr("Tidx: {int32, int64} = DT_INT64")
+    .Attr("iterations: int >= 0")
+    .Attr("resample: bool")
+    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
+      c->set_output(0, c->Vector(c->UnknownDim()));
+      c->set_output(1, c->Scalar());
+      return tensorflow::OkStatus();
+    });
+
+HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseSampledThresholdSelect", "R", SampledThresholdSelectOp);
 
 REGISTER_OP("HvdSparseSetAt")
     .Input("x: T")

@@ -73,9 +73,9 @@ from .sums import accumulate_moments, accumulate_norms, mean_std, segment_norms
 from .topk import topk_abs
 
 # Ops of the contract without a GPU kernel: the torch ops are already one pass there.
-clear = select_at_least = zero_at = put_at = not_handled
+clear = select_at_least = sampled_threshold_select = zero_at = put_at = not_handled
 
 __all__ = ["accumulate", "accumulate_if_finite", "accumulate_moments", "accumulate_norms",
            "accumulate_select", "accumulate_select_if_finite", "all_finite", "clear", "finite_flag",
-           "mean_std", "momentum_accumulate", "momentum_accumulate_select", "put_at", "segment_norms",
-           "select_at_least", "topk_abs", "zero_at"]
+           "mean_std", "momentum_accumulate", "momentum_accumulate_select", "put_at",
+           "sampled_threshold_select", "segment_norms", "select_at_least", "topk_abs", "zero_at"]

@@ -34,3 +34,34 @@ def dgc_momentum_step(u: np.ndarray, v: np.ndarray, grad: np.ndarray, momentum: 
         return u, v + u + grad
     u = u * mu + grad
     return u, v + u
+
+
+def dgc_sampled_selection(v: np.ndarray, k: int, start: int, stride: int, top: int, upper: float,
+                          lower: float, iterations: int, resample: bool) -> tuple[np.ndarray, float]:
+    """DGC's selection from the specification: λ = the ``top``-th largest |v[start::stride]| (NaN
+    when the sample holds one), |v| >= λ (λ rounded to v's dtype), adapted at most ``iterations``
+    times unless stride is 1, the first k kept. (indices, final λ)."""
+    magnitudes = np.abs(v)
+
+    def chosen(lam: float) -> np.ndarray:
+        with np.errstate(over="ignore"):
+            return np.flatnonzero(magnitudes >= v.dtype.type(lam))
+
+    sample = magnitudes[start::stride]
+    lam = math.nan if np.isnan(sample).any() else float(np.sort(sample)[::-1][top - 1])
+    idx = chosen(lam)
+    for _ in range(iterations if stride > 1 else 0):
+        if len(idx) > k:
+            if len(idx) <= upper * k:
+                break
+            if resample:   # the k largest of the chosen, ties at the lowest positions
+                order = np.argsort(-magnitudes[idx], kind="stable")[:k]
+                idx = idx[np.sort(order)]
+                break
+            lam *= upper
+        elif len(idx) < lower * k:
+            lam *= lower
+        else:
+            break
+        idx = chosen(lam)
+    return idx[:k], lam

@@ -52,13 +52,16 @@ def test_dgc_momentum_correction_masking_and_selection_match_reference(nesterov,
 
 @pytest.mark.parametrize("backend", ["numpy", "torch"])
 def test_dgc_unsampled_ties_take_the_lowest_indices_and_nan_selects_nothing(backend):
-    """An unsampled bucket sends the top k (one op): with |v| tied at λ, the first of them in index
-    order, as the authors' ``|v| >= λ`` then the first k; a NaN makes λ NaN, and nothing passes."""
+    """An unsampled bucket sends, as the authors do, the first k of ``|v| >= λ`` in index order, λ
+    the k-th largest |v|: with |v| tied at λ that may leave a larger |v| behind; a NaN makes λ
+    NaN, and nothing passes."""
     backend_ = get_backend(backend)
     algorithm = DGC(0.1, momentum=0.0)
     ctx = StepContext(key="w", step=0, rank=0, size=1, numel=40, backend=backend_)
     velocity = np.tile(np.array([1, -3, 2, 3, 0, -3, 1, 2], np.float32), 5)  # k = 4 of 40
-    for values in (velocity, -velocity, np.roll(velocity, 3)):
+    behind = np.concatenate([np.ones(39, np.float32), [5.0]]).astype(np.float32)   # λ = 1
+    np.testing.assert_array_equal(dgc_unsampled_selection(behind, 0.1), [0, 1, 2, 3])
+    for values in (velocity, -velocity, np.roll(velocity, 3), behind):
         idx = algorithm.select_local(backend_.from_numpy(values.copy()), algorithm.init_control(ctx), ctx)
         np.testing.assert_array_equal(backend_.to_numpy(idx), dgc_unsampled_selection(values, 0.1))
     values = velocity.copy()
