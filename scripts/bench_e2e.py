@@ -376,38 +376,42 @@ def evaluate_targets(jobs: list[dict]) -> list[dict]:
 
 
 def overhead_targets(job: dict) -> list[dict]:
-    """Where communication is cheap (loopback) a sparsifier must not cost: on PyTorch's ResNet-18
-    no configuration (kernels on) more than ``RESNET18_LOOPBACK_MAX`` x dense's step (issue 20);
-    in TensorFlow each method's throughput at least ``TF_THROUGHPUT_MIN`` of dense's (issue 19).
-    Per-visit ratios to dense, median and 95% bootstrap interval."""
+    """Where communication is cheap (loopback) a sparsifier must not cost: on ResNet-18, in either
+    framework, no configuration (kernels on) more than ``RESNET18_LOOPBACK_MAX`` x dense's step
+    (issue 20); in TensorFlow also each method's throughput at least ``TF_THROUGHPUT_MIN`` of
+    dense's (issue 19). Per-visit ratios to dense, median and 95% bootstrap interval."""
     if job["net"] != "loopback":
         return []
-    tensorflow = job.get("framework", "torch") == "tensorflow"
-    if tensorflow:
-        limits = {c: 1.0 / share for c, share in TF_THROUGHPUT_MIN.items()}
-    elif job["model"] == "resnet18":
-        limits = {c: RESNET18_LOOPBACK_MAX for c in job["summary"]
-                  if c not in ("dense", "fp16", "local") and not c.endswith(REFERENCE)}
-    else:
-        return []
+    framework = job.get("framework", "torch")
+    where = f"({framework}, {job['model']}, {job['net']}, {job['size']} ranks)"
     out = []
-    for config, limit in limits.items():
-        ratio = job["summary"].get(config, {}).get("ratio_to_dense")
-        if ratio is None:
-            continue
-        median, (lo, hi) = ratio["median"], ratio["ci95"]
-        where = f"({job.get('framework', 'torch')}, {job['model']}, {job['net']}, {job['size']} ranks)"
-        if tensorflow:
-            claim = f"{config} throughput >= {1 / limit:g}× dense's {where}"
-            figure = (f"{1 / median:.3f}× dense's throughput ({1 / hi:.3f}–{1 / lo:.3f}), "
-                      f"{ratio['n']} paired visits")
-        else:
-            claim = f"{config} step <= {limit:g}× dense's {where}"
-            figure = f"{median:.3f}× dense's step ({lo:.3f}–{hi:.3f}), {ratio['n']} paired visits"
-        out.append({"target": claim, "kind": "overhead", "config": config, "size": job["size"],
-                    "ratio": median, "ratio_ci95": [lo, hi], "limit": limit, "met": median <= limit,
-                    "figure": figure, "verdict": verdict(median, [lo, hi], limit)})
+    if framework == "tensorflow":
+        for config, share in TF_THROUGHPUT_MIN.items():
+            ratio = job["summary"].get(config, {}).get("ratio_to_dense")
+            if ratio is not None:
+                median, (lo, hi) = ratio["median"], ratio["ci95"]
+                out.append(_overhead(config, job, ratio, 1.0 / share,
+                                     f"{config} throughput >= {share:g}× dense's {where}",
+                                     f"{1 / median:.3f}× dense's throughput ({1 / hi:.3f}–{1 / lo:.3f}), "
+                                     f"{ratio['n']} paired visits"))
+    if job["model"] == "resnet18":
+        for config in job["summary"]:
+            ratio = job["summary"][config].get("ratio_to_dense")
+            if config in ("dense", "fp16", "local") or config.endswith(REFERENCE) or ratio is None:
+                continue
+            median, (lo, hi) = ratio["median"], ratio["ci95"]
+            out.append(_overhead(config, job, ratio, RESNET18_LOOPBACK_MAX,
+                                 f"{config} step <= {RESNET18_LOOPBACK_MAX:g}× dense's {where}",
+                                 f"{median:.3f}× dense's step ({lo:.3f}–{hi:.3f}), "
+                                 f"{ratio['n']} paired visits"))
     return out
+
+
+def _overhead(config: str, job: dict, ratio: dict, limit: float, claim: str, figure: str) -> dict:
+    median, interval = ratio["median"], ratio["ci95"]
+    return {"target": claim, "kind": "overhead", "config": config, "size": job["size"],
+            "ratio": median, "ratio_ci95": list(interval), "limit": limit, "met": median <= limit,
+            "figure": figure, "verdict": verdict(median, list(interval), limit)}
 
 
 def kernel_targets(job: dict) -> list[dict]:

@@ -128,6 +128,13 @@ def test_overhead_targets_on_loopback():
     assert "0.714× dense's throughput" in targets["topk", "tensorflow"]["figure"]
     # TensorFlow jobs take no part in the PyTorch-only targets (kernels, phases).
     assert all(t["kind"] == "overhead" for t in bench_e2e.evaluate_targets([tf]))
+    # TensorFlow's ResNet-18: the throughput targets, and the 1.1x step of every configuration.
+    tf_resnet = job_with({"dense": [1.0] * 3, "micro": [1.05] * 3, "dgc": [1.3] * 3},
+                         model="resnet18", net="loopback", size=2, framework="tensorflow")
+    claims = {t["target"]: t["met"] for t in bench_e2e.evaluate_targets([tf_resnet])}
+    assert claims == {"micro throughput >= 0.9× dense's (tensorflow, resnet18, loopback, 2 ranks)": True,
+                      "micro step <= 1.1× dense's (tensorflow, resnet18, loopback, 2 ranks)": True,
+                      "dgc step <= 1.1× dense's (tensorflow, resnet18, loopback, 2 ranks)": False}
 
 
 def test_reference_configurations_resolve():
