@@ -106,6 +106,18 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "--out-dir bench/ddp-1gbit  (root: network namespaces)"),
     ("sim_scale.md", "Simulator scale", "python scripts/sim_scale.py"),
     ("soak.md", "Soak (2 ranks, 3000 steps per method)", "python scripts/soak.py"),
+    ("e2e-models-dgc.md",
+     "End to end on ResNet-18 in PyTorch again: DGC's one-call selection, on the faster machine",
+     "python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 64 "
+     "--configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,dgc --rounds 30 --settle 600 "
+     "--out bench/e2e-models-dgc (section 14's job on the machine of section 21, after DGC selects "
+     "in one kernel call, docs/kernels.md)"),
+    ("e2e-tf-models-dgc.md",
+     "End to end in TensorFlow on ResNet-18: DGC's one-call selection, cheaper eager calls",
+     "python scripts/bench_e2e.py --framework tensorflow --models resnet18 --nets loopback --sizes 2 "
+     "--image-size 64 --configs dense,fp16,local,exdyna-tracking,micro,deft,lags,topk,topk-model,dgc "
+     "--rounds 20 --settle 600 --out bench/e2e-tf-models-dgc (after DGC selects in one op call and "
+     "the TensorFlow backend calls tf.raw_ops with cached constants, docs/kernels.md#tensorflow)"),
 ]
 
 
@@ -134,8 +146,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
     for name in ("select.json", "select-1e8/select.json", "select-momentum/select.json",
                  "select-tf/select.json", "fidelity.json", "convergence.json",
                  "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
-                 "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models.json",
-                 "e2e-tf.json", "e2e-tf-models-eager.json", "time-to-accuracy/tta.json",
+                 "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models-dgc.json",
+                 "e2e-tf.json", "e2e-tf-models-dgc.json", "time-to-accuracy/tta.json",
                  "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):

@@ -61,26 +61,15 @@ def test_reference_composition_matches_the_specification():
 
 
 @pytest.mark.parametrize("kernels", ["auto", "off"])
-def test_torch_matches_the_reference(kernels):
-    torch = pytest.importorskip("torch")
-    backend = get_backend("torch")
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_frameworks_match_the_reference(framework, kernels):
+    module = pytest.importorskip(framework)
+    backend = get_backend(framework)
+    tensor = module.from_numpy if framework == "torch" else module.constant
     hvd_sparse.set_kernels(kernels)
     try:
-        for x, k, start, stride, top, band in cases():
-            got = backend.sampled_threshold_select(torch.from_numpy(x), k, start, stride, top, band)
-            same(reference(x, k, start, stride, top, band), got, lambda t: t.numpy())
-    finally:
-        hvd_sparse.set_kernels("auto")
-
-
-@pytest.mark.parametrize("kernels", ["auto", "off"])
-def test_tensorflow_matches_the_reference(kernels):
-    tf = pytest.importorskip("tensorflow")
-    backend = get_backend("tensorflow")
-    hvd_sparse.set_kernels(kernels)
-    try:
-        for x, k, start, stride, top, band in cases(80):
-            got = backend.sampled_threshold_select(tf.constant(x), k, start, stride, top, band)
+        for x, k, start, stride, top, band in cases(160 if framework == "torch" else 80):
+            got = backend.sampled_threshold_select(tensor(x), k, start, stride, top, band)
             same(reference(x, k, start, stride, top, band), got, lambda t: t.numpy())
     finally:
         hvd_sparse.set_kernels("auto")
