@@ -23,7 +23,8 @@
 #
 # "up" is idempotent (existing objects are kept and re-configured) and, if interrupted or failing
 # half-way, removes everything it could have created; "down" is idempotent too. Root only.
-# HVDS_NETNS_SLOW=SECONDS pauses after each namespace (for the test that interrupts "up").
+# HVDS_NETNS_SLOW=SECONDS pauses after each namespace, saying so on stderr (for the test that
+# interrupts "up" there).
 set -euo pipefail
 
 PREFIX=${HVDS_NETNS_PREFIX:-hvds}
@@ -151,7 +152,10 @@ up() {
         ip netns exec "$ns" ip link set lo up
         shape "$host" "$rate" "$delay"                    # the rank's download
         shape "$NS_IFACE" "$rate" "$delay" "$ns"          # the rank's upload
-        sleep "${HVDS_NETNS_SLOW:-0}"                     # tests interrupt "up" half-way
+        if [[ -n ${HVDS_NETNS_SLOW:-} ]]; then            # tests interrupt "up" half-way, here
+            echo "netns.sh: pausing after $ns" >&2
+            sleep "$HVDS_NETNS_SLOW"
+        fi
     done
     # Namespaces beyond N from an earlier, larger "up" are removed.
     for ns in $(our_namespaces); do
