@@ -216,8 +216,10 @@ class DGC(Algorithm):
         (``Backend.sampled_threshold_select``, one kernel call where there is one)."""
         b = ctx.backend
         plan = self._plan(control, ctx)
-        band = ThresholdBand(self.upper, self.lower, self.max_adaptation_iters, self.resample)
-        if plan.stride == 1 or self.strided_sample:   # stride 1: λ = the k-th largest |a|
+        # The authors adapt a sampled λ only: stride 1 (nothing sampled) keeps the k-th largest |a|
+        iterations = self.max_adaptation_iters if plan.stride > 1 else 0
+        band = ThresholdBand(self.upper, self.lower, iterations, self.resample)
+        if plan.stride == 1 or self.strided_sample:
             start = 0 if plan.stride == 1 else int(self._rng(ctx).integers(0, plan.stride))
             idx, control.threshold = b.sampled_threshold_select(acc, plan.k, start, plan.stride,
                                                                 plan.top_samples, band)

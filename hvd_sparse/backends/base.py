@@ -150,13 +150,10 @@ class Backend:
                                  band: ThresholdBand) -> tuple[Array, float]:
         """DGC's selection of about k entries of x (a vector), one call: ascending int64 indices
         and the final threshold. The threshold is the smallest of the ``top`` largest magnitudes
-        of ``x[start::stride]``, then ``adapt_threshold_select`` -- without adapting it when
-        stride is 1 (nothing sampled: the authors adapt only a sampled threshold)."""
+        of ``x[start::stride]``, then ``adapt_threshold_select``."""
         # |sample| is a contiguous copy of a strided view: the top-k kernels take it
         sample = self.abs(self.slice(x, start, self.numel(x), stride))
-        threshold = top_magnitudes(self, sample, top)[1]
-        return self.adapt_threshold_select(x, threshold, k,
-                                           band if stride > 1 else band._replace(iterations=0))
+        return self.adapt_threshold_select(x, top_magnitudes(self, sample, top)[1], k, band)
 
     def adapt_threshold_select(self, x: Array, threshold: float, k: int, band: ThresholdBand
                                ) -> tuple[Array, float]:

@@ -4,12 +4,11 @@
 //
 // * the threshold is the `top`-th largest magnitude of x[start::stride] (NaN when the sample
 //   holds a NaN, which ranks above every magnitude);
-// * the adaptation band runs as the reference does, unless stride is 1 (nothing sampled: the
-//   authors adapt only a sampled threshold): select |x| >= threshold (accumulate.cpp's selection,
-//   the threshold rounded to x's type as NumPy rounds it); more than upper·k chosen: the exact
-//   top-k among them (topk.cpp; resample) and stop, or threshold ×= upper; fewer than lower·k:
-//   threshold ×= lower; else stop; at most `iterations` times. The first k
-//   chosen (ascending) are kept.
+// * the adaptation band runs as the reference does: select |x| >= threshold (accumulate.cpp's
+//   selection, the threshold rounded to x's type as NumPy rounds it); more than upper·k chosen:
+//   the exact top-k among them (topk.cpp; resample) and stop, or threshold ×= upper; fewer than
+//   lower·k: threshold ×= lower; else stop; at most `iterations` times (DGC passes none for an
+//   unsampled tensor). The first k chosen (ascending) are kept.
 //
 // C ABI: hvd_sparse_sampled_threshold_select(x, dtype, n, k, start, stride, top, upper, lower,
 // iterations, resample, room, index_bits, threshold) writes the chosen indices, ascending, at the
@@ -105,7 +104,6 @@ int resample(const R* x, I* room, int64_t count, int64_t k) {
 template <typename R, typename I>
 int64_t run(const R* x, int64_t n, int64_t k, int64_t start, int64_t stride, int64_t top, double upper,
             double lower, int64_t iterations, bool resampling, I* room, double* threshold_out) {
-  if (stride == 1) iterations = 0;
   double threshold = sample_threshold(x, n, start, stride, top);
   int64_t count = select(x, n, threshold, room);
   for (int64_t it = 0; it < iterations; ++it) {

@@ -303,6 +303,20 @@ Tensor* writable(OpKernelContext* context, int index, bool in_place) {
 
 void* data_of(const Tensor* t) { return const_cast<char*>(t->tensor_data().data()); }
 
+// Output `index`: the first `selected` indices a selecting kernel (`what`) wrote into room, once
+// its status is checked (-2: out of memory; other negatives: arguments it refused).
+template <typename I>
+void OutputSelected(OpKernelContext* context, int index, const char* what, int64_t selected,
+                    const Tensor& room) {
+  OP_REQUIRES(context, selected != -2,
+              tensorflow::errors::ResourceExhausted(what, " kernel: out of memory"));
+  OP_REQUIRES(context, selected >= 0,
+              tensorflow::errors::InvalidArgument(what, " kernel refused its arguments, status ", selected));
+  Tensor* indices = nullptr;
+  OP_REQUIRES_OK(context, context->allocate_output(index, TensorShape({selected}), &indices));
+  std::memcpy(data_of(indices), data_of(&room), sizeof(I) * selected);
+}
+
 // Inputs: residual (R), velocity (R; empty without the momentum correction), the inputs (Tin),
 // bounds (int64: lo, hi, row_len, every, sample_end), threshold, probes and factor (double; the
 // threshold and probes already rounded to R). Outputs: the accumulated residual, the velocity,
@@ -383,11 +397,8 @@ class AccumulateSelectOp : public OpKernel {
           threshold, data_of(&room), bits, probes.flat<double>().data(), num_probes, b(2), b(3), b(4),
           counts->flat<int64_t>().data());
     }
-    OP_REQUIRES(context, selected >= 0,
-                tensorflow::errors::InvalidArgument("accumulate kernel refused its arguments, status ", selected));
-    Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(2, TensorShape({selected}), &indices));
-    std::memcpy(data_of(indices), data_of(&room), sizeof(I) * selected);
+    OutputSelected<I>(context, 2, "accumulate", selected, room);
+    if (!context->status().ok()) return;
     Tensor* finite = nullptr;
     OP_REQUIRES_OK(context, context->allocate_output(4, TensorShape({}), &finite));
     finite->scalar<bool>()() = true;
@@ -437,11 +448,7 @@ class SelectAtLeastOp : public OpKernel {
         context->input(2).scalar<double>()(), data_of(&room), std::is_same<I, int32_t>::value ? 32 : 64,
         probes.flat<double>().data(), static_cast<int>(probes.NumElements()), b(2), b(3), b(4),
         counts->flat<int64_t>().data());
-    OP_REQUIRES(context, selected >= 0,
-                tensorflow::errors::InvalidArgument("select kernel refused its arguments, status ", selected));
-    Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({selected}), &indices));
-    std::memcpy(data_of(indices), data_of(&room), sizeof(I) * selected);
+    OutputSelected<I>(context, 0, "select", selected, room);
   }
 };
 
@@ -471,14 +478,7 @@ class SampledThresholdSelectOp : public OpKernel {
         x.tensor_data().data(), std::is_same<R, float>::value ? 2 : 3, x.NumElements(), p(0), p(1), p(2),
         p(3), b(0), b(1), iterations_, resample_ ? 1 : 0, data_of(&room),
         std::is_same<I, int32_t>::value ? 32 : 64, threshold->scalar<double>().data());
-    OP_REQUIRES(context, selected != -2,
-                tensorflow::errors::ResourceExhausted("sampled threshold kernel: out of memory"));
-    OP_REQUIRES(context, selected >= 0,
-                tensorflow::errors::InvalidArgument("sampled threshold kernel refused its arguments, "
-                                                    "status ", selected));
-    Tensor* indices = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(0, TensorShape({selected}), &indices));
-    std::memcpy(data_of(indices), data_of(&room), sizeof(I) * selected);
+    OutputSelected<I>(context, 0, "sampled threshold", selected, room);
   }
 
  private:

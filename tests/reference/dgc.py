@@ -40,7 +40,7 @@ def dgc_sampled_selection(v: np.ndarray, k: int, start: int, stride: int, top: i
                           lower: float, iterations: int, resample: bool) -> tuple[np.ndarray, float]:
     """DGC's selection from the specification: λ = the ``top``-th largest |v[start::stride]| (NaN
     when the sample holds one), |v| >= λ (λ rounded to v's dtype), adapted at most ``iterations``
-    times unless stride is 1, the first k kept. (indices, final λ)."""
+    times, the first k kept. (indices, final λ)."""
     magnitudes = np.abs(v)
 
     def chosen(lam: float) -> np.ndarray:
@@ -50,7 +50,7 @@ def dgc_sampled_selection(v: np.ndarray, k: int, start: int, stride: int, top: i
     sample = magnitudes[start::stride]
     lam = math.nan if np.isnan(sample).any() else float(np.sort(sample)[::-1][top - 1])
     idx = chosen(lam)
-    for _ in range(iterations if stride > 1 else 0):
+    for _ in range(iterations):
         if len(idx) > k:
             if len(idx) <= upper * k:
                 break
