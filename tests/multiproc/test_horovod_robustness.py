@@ -62,7 +62,7 @@ DEATHS = [("gloo", "exdyna", "kill"), ("gloo", "topk", "exit"), ("mpi", "exdyna"
 @pytest.mark.parametrize(("controller", "method", "how"), DEATHS)
 def test_a_dead_rank_ends_the_job_on_every_survivor(controller, method, how):
     """Rank 1 of 3 dies at step 20 (SIGKILL or sys.exit); the job must end, with an error on the
-    survivors (printed by them, or Open MPI's abort of the job), well within Horovod's timeouts."""
+    survivors (printed by them, or the launcher's end of the job), well within Horovod's timeouts."""
     started = time.monotonic()
     try:
         result = launch("torch_robust.py", 3, controller, ["die", method, how], timeout=170)
@@ -78,7 +78,14 @@ def test_a_dead_rank_ends_the_job_on_every_survivor(controller, method, how):
     assert "SURVIVOR_FINISHED" not in result.stdout, output[-4000:]
     survivors = [r for r in (0, 2) if f"SURVIVOR_ERROR rank={r}" in result.stdout]
     if controller == "gloo":
-        assert survivors == [0, 2], output[-4000:]
+        # horovodrun's Gloo launcher sends SIGTERM to every worker once one exits non-zero, so a
+        # survivor slower to print than the first may be ended by the launcher instead (exit 143,
+        # or "Terminated" on its stderr: the launcher does not always list every exit).
+        ended_by_launcher = [r for r in (0, 2) if r not in survivors
+                             and "Terminating remaining workers after failure of Process" in output
+                             and (f"Process {r} exit with status code 143" in output
+                                  or f"[{r}]<stderr>:Terminated" in output)]
+        assert survivors and sorted(survivors + ended_by_launcher) == [0, 2], output[-4000:]
     else:   # Open MPI may terminate the survivors itself before they can print
         assert survivors == [0, 2] or "mpirun" in output or "MPI" in output, output[-4000:]
     print(f"{controller}/{method}/{how}: job of {seconds:.1f} s ended {after_death:.1f} s after rank 1 "
