@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 import tensorflow as tf
 
-from ..backends.contract import ThresholdBand
+from ..backends.contract import SampledSegment, ThresholdBand, sampled_plan_fits
 from ..backends.exact import KernelSelection
 from ..backends.tf_eager import constant
 from . import KernelUnavailable
@@ -165,18 +165,18 @@ def select_at_least(x: tf.Tensor, lo: int, hi: int, threshold: float, probes: li
     return idx, plan.scale(counts.numpy().tolist())
 
 
-def sampled_threshold_select(x: tf.Tensor, k: int, start: int, stride: int, top: int, band: ThresholdBand,
-                             index_dtype: str = "int64") -> tuple[tf.Tensor, float] | None:
-    """``Backend.sampled_threshold_select`` (DGC's selection) in one op (sampled.cpp): (ascending
-    indices, final threshold); None where there is no kernel."""
+def sampled_threshold_select(x: tf.Tensor, segments: list[SampledSegment], band: ThresholdBand,
+                             index_dtype: str = "int64") -> tuple[tf.Tensor, list[float]] | None:
+    """``Backend.sampled_threshold_select`` (DGC's selection, every segment) in one op
+    (sampled.cpp): (indices, a threshold per segment); None where there is no kernel."""
     n = x.shape.num_elements()
-    if (x.dtype not in _VALUES or n is None or x.shape.rank != 1 or not 1 <= k <= n or stride < 1
-            or not _on_cpu(x)):
+    if (x.dtype not in _VALUES or n is None or x.shape.rank != 1 or not segments
+            or not sampled_plan_fits(segments, n) or not _on_cpu(x)):
         return None
-    idx, threshold = _OPS.hvd_sparse_sampled_threshold_select(
-        x, constant([k, start, stride, top], tf.int64), constant((band.upper, band.lower), tf.float64),
-        iterations=band.iterations, resample=band.resample, Tidx=tf.as_dtype(index_dtype))
-    return idx, float(threshold)
+    idx, thresholds = _OPS.hvd_sparse_sampled_threshold_select(
+        x, tf.constant(np.asarray(segments, np.int64).reshape(-1)),
+        constant((band.upper, band.lower), tf.float64), resample=band.resample, Tidx=tf.as_dtype(index_dtype))
+    return idx, thresholds.numpy().tolist()
 
 
 def set_at(x: tf.Tensor, idx: tf.Tensor, values: tf.Tensor | None, in_place: bool) -> tf.Tensor | None:

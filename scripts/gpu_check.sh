@@ -3,7 +3,8 @@
 #
 #   scripts/gpu_check.sh
 #
-# 1. The CUDA tests: tests/unit/backends/test_cuda.py (every method on CUDA tensors against NumPy)
+# 1. The CUDA tests: tests/unit/backends/test_cuda.py (every method on CUDA tensors against NumPy,
+#    and PyTorch's packed per-tensor TopK, DGC and random-k steps against a bucket per tensor)
 #    and tests/unit/kernels/test_triton.py (every Triton kernel against the reference path, compiled,
 #    on CUDA tensors; TRITON_INTERPRET is unset for this), the momentum correction's fused
 #    accumulate-and-select among them (its host synchronizations counted too).

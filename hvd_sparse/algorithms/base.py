@@ -31,6 +31,8 @@ import textwrap
 from dataclasses import dataclass
 from typing import Any, ClassVar, Unpack
 
+import numpy as np
+
 from ..backends import Backend, Momentum, Selected
 from ..comm import Protocol, finished
 from ..errors import ConfigurationError
@@ -75,6 +77,8 @@ class StepContext:
                                   # (read it through ``Algorithm.step_density``)
     momentum: Momentum | None = None  # the momentum correction's buffer, when it is on: pass it
                                       # to every backend op that accumulates
+    members: tuple[str, ...] = ()  # the tensors' own keys when the bucket packs per-tensor
+                                   # steps (``Algorithm.packs_tensors``); else empty
 
 
 @dataclass(frozen=True)
@@ -127,6 +131,11 @@ class Algorithm:
     patterns: ClassVar[tuple[str, ...]] = (GATHER,)
     scopes: ClassVar[tuple[str, ...]] = (TENSOR, MODEL)
     exclusive: ClassVar[bool] = False   # ranks' selections never overlap: union = concatenation
+    # In scope "tensor", whether one bucket may pack several tensors and the method select in each
+    # as it would in a bucket of its own (``tensor_segments``): the same decisions in one step,
+    # which the faces take, since every step costs Python and collectives per bucket
+    # (docs/architecture.md: TensorFlow face, PyTorch face).
+    packs_tensors: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """Every method takes the correction options (``**corrections``): its ``help()`` and
@@ -187,6 +196,58 @@ class Algorithm:
             return [("model", list(keys))]
         return [(key, [key]) for key in keys]
 
+    @property
+    def tensor_packing(self) -> bool:
+        """Whether this instance packs per-tensor steps: a method that can (``packs_tensors``), in
+        scope "tensor" (in scope "model" one k covers the whole bucket)."""
+        return self.packs_tensors and self.scope == TENSOR
+
+    def packable(self, numel: int) -> bool:
+        """Whether a tensor of ``numel`` entries may share a bucket of per-tensor steps (``tensor_packing``):
+        one neither empty nor averaged densely (``dense_below``), which keep buckets of their own."""
+        return self.tensor_packing and numel > 0 and not self.corrections.is_dense_tensor(numel)
+
+    def pack(self, plan: list[tuple[str, list[str]]], sizes: dict[str, int], dtypes: dict[str, str],
+             limit: int) -> list[tuple[str, list[str]]]:
+        """``plan`` with each run of consecutive packable one-tensor buckets of one dtype packed
+        into buckets of at most ``limit`` entries (a tensor larger alone), named by their first
+        and last member; other buckets as they were. The packed step makes the decisions of the
+        buckets it replaces (``tensor_segments``) at one bucket's per-step cost."""
+        packed: list[tuple[str, list[str]]] = []
+        run: list[str] = []
+        entries = 0   # in the run
+
+        def close_run() -> None:
+            if run:
+                packed.append((f"{run[0]}-{run[-1]}" if len(run) > 1 else run[0], list(run)))
+            run.clear()
+
+        for bucket, members in plan:
+            key = members[0] if len(members) == 1 and bucket == members[0] else None
+            if key is None or not self.packable(sizes[key]):
+                close_run()
+                packed.append((bucket, members))
+                continue
+            if run and (dtypes[run[0]] != dtypes[key] or entries + sizes[key] > limit):
+                close_run()
+            entries = (entries if run else 0) + sizes[key]
+            run.append(key)
+        close_run()
+        return packed
+
+    def step_members(self, members: list[str]) -> tuple[str, ...]:
+        """What a face hands ``Engine.step`` as ``members`` for a bucket of ``pack``'s plan: its
+        keys when it packs per-tensor steps, else nothing (one tensor, or a method's own group)."""
+        return tuple(members) if len(members) > 1 and self.tensor_packing else ()
+
+    def tensor_segments(self, ctx: StepContext) -> list[tuple[int, int, str]]:
+        """(offset, size, key) of each tensor the step selects in on its own: every member of a
+        bucket packing per-tensor steps (``packs_tensors``), else the whole bucket."""
+        if not ctx.members:
+            return [(0, ctx.numel, ctx.key)]
+        offsets = np.cumsum((0, *ctx.sizes[:-1])).tolist()
+        return list(zip(offsets, ctx.sizes, ctx.members, strict=True))
+
     def step_density(self, ctx: StepContext) -> float:
         """This step's target density: the warm-up schedule's, else the method's ``density``."""
         return self.density if ctx.density is None else ctx.density
@@ -229,8 +290,10 @@ class Algorithm:
         return finished(None)
 
     def target_k(self, control: Any, ctx: StepContext) -> int:
-        """The count this bucket aims to send this step (the ``k`` statistic)."""
-        return self.k(ctx.numel, self.step_density(ctx))
+        """The count this bucket aims to send this step (the ``k`` statistic), summed over the
+        tensors of a bucket packing per-tensor steps."""
+        density = self.step_density(ctx)
+        return sum(self.k(size, density) for _, size, _ in self.tensor_segments(ctx))
 
     def select(self, acc: Any, control: Any, ctx: StepContext) -> Protocol:
         """Protocol returning this rank's indices (int64, non-empty). Default: no collective."""
@@ -256,9 +319,10 @@ class Algorithm:
         concatenation when selections are disjoint by construction, else the distinct indices."""
         return gathered if self.exclusive else ctx.backend.unique(gathered)
 
-    def masks_momentum(self, control: Any, ctx: StepContext) -> bool:
+    def masks_momentum(self, control: Any, ctx: StepContext) -> bool | list[bool]:
         """Whether the momentum correction's factor masking applies after this step (with
-        ``momentum_masking``; the engine never masks a dense step). Default: yes."""
+        ``momentum_masking``; the engine never masks a dense step), or, in a bucket packing
+        per-tensor steps, whether it applies in each tensor. Default: yes."""
         return True
 
     # --- control state ----------------------------------------------------------------------------

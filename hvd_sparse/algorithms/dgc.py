@@ -51,7 +51,7 @@ from typing import Any, Unpack
 
 import numpy as np
 
-from ..backends import ThresholdBand, top_magnitudes
+from ..backends import SampledSegment, ThresholdBand, top_magnitudes
 from ..errors import ConfigurationError
 from .base import GATHER, MODEL, TENSOR, Algorithm, StepContext, is_integer, is_real
 from .corrections import CorrectionOptions
@@ -65,6 +65,8 @@ class DGCControl:
     threshold: float | None = None  # last λ
     density: float | None = None    # density of the last step (warm-up)
     k: int | None = None            # entries the last step aimed to send
+    tensor_k: tuple[int, ...] | None = None  # the same per tensor of a packed bucket (not saved:
+                                             # every step's selection sets it)
 
 
 @dataclass(frozen=True)
@@ -137,6 +139,7 @@ class DGC(Algorithm):
     name = "dgc"
     patterns = (GATHER,)
     scopes = (TENSOR, MODEL)
+    packs_tensors = True
 
     def __init__(self, density: float = 0.001, *, momentum: float = 0.9, nesterov: bool = False,
                  momentum_masking: bool = True, clip_norm: float | None = None,
@@ -199,56 +202,93 @@ class DGC(Algorithm):
         return self.clip_norm is None
 
     def accumulate(self, residual: Any, tensors: list, control: DGCControl, ctx: StepContext) -> Any:
-        """Error feedback, with the gradient's norm clipped first when ``clip_norm`` is set."""
+        """Error feedback, with the gradient's norm clipped first when ``clip_norm`` is set: each
+        tensor's of a bucket packing per-tensor steps, as in a bucket of its own."""
         if self.clip_norm is None:   # the engine's accumulation (one pass with a kernel)
             return super().accumulate(residual, tensors, control, ctx)
         b = ctx.backend
         grad = b.accumulate(b.zeros(ctx.numel, b.dtype_name(residual), like=residual), tensors)
         limit = self.clip_norm / math.sqrt(ctx.size)
-        coefficient = limit / (math.sqrt(b.sum_of_squares(grad)) + 1e-6)
-        if coefficient < 1:
-            grad = b.scale(grad, coefficient)
+        segments = self.tensor_segments(ctx)
+        parts, clipped = [], False
+        for offset, size, _ in segments:
+            part = grad if len(segments) == 1 else b.slice(grad, offset, offset + size)
+            coefficient = limit / (math.sqrt(b.sum_of_squares(part)) + 1e-6)
+            if coefficient < 1:
+                part, clipped = b.scale(part, coefficient), True
+            parts.append(part)
+        if clipped:
+            grad = b.concat(parts)
         return b.accumulate(residual, [grad], momentum=ctx.momentum)
 
     # --- selection -------------------------------------------------------------------------------------
     def select_local(self, acc: Any, control: DGCControl, ctx: StepContext) -> Any:
-        """The sampled threshold, and the entries above it (module docstring): one backend call
+        """The sampled threshold, and the entries above it (module docstring), in each tensor of a
+        bucket packing per-tensor steps on its own: one backend call
         (``Backend.sampled_threshold_select``, one kernel call where there is one)."""
-        b = ctx.backend
-        plan = self._plan(control, ctx)
-        # The authors adapt a sampled λ only: stride 1 (nothing sampled) keeps the k-th largest |a|
-        iterations = self.max_adaptation_iters if plan.stride > 1 else 0
-        band = ThresholdBand(self.upper, self.lower, iterations, self.resample)
-        if plan.stride == 1 or self.strided_sample:
-            start = 0 if plan.stride == 1 else int(self._rng(ctx).integers(0, plan.stride))
-            idx, control.threshold = b.sampled_threshold_select(acc, plan.k, start, plan.stride,
-                                                                plan.top_samples, band)
-            return idx
-        where = self._rng(ctx).integers(0, ctx.numel, plan.num_samples, dtype=np.int64)   # uniform
-        sample = b.abs(b.take(acc, b.from_numpy(where, like=acc)))
-        idx, control.threshold = b.adapt_threshold_select(
-            acc, top_magnitudes(b, sample, plan.top_samples)[1], plan.k, band)
+        b, density = ctx.backend, self.step_density(ctx)
+        plans = [(offset, sampling_plan(size, density, self.sample_ratio), key)
+                 for offset, size, key in self.tensor_segments(ctx)]
+        control.tensor_k = tuple(plan.k for _, plan, _ in plans)
+        control.density, control.k = density, sum(control.tensor_k)
+        band = ThresholdBand(self.upper, self.lower, self.max_adaptation_iters, self.resample)
+        if self.strided_sample or all(plan.stride == 1 for _, plan, _ in plans):
+            idx, thresholds = b.sampled_threshold_select(acc, [self._segment(offset, plan, ctx, key)
+                                                               for offset, plan, key in plans], band)
+        else:
+            idx, thresholds = self._uniform_select(acc, plans, band, ctx)
+        control.threshold = float(np.mean(thresholds))
         return idx
 
-    def _rng(self, ctx: StepContext) -> np.random.Generator:
-        """The sample's random source: the same on every rank (seed, step, bucket), made only for a
-        sampled bucket (a generator costs more than a small bucket's selection)."""
-        return np.random.default_rng([self.seed, ctx.step, bucket_seed(ctx.key)])
+    def _segment(self, offset: int, plan: SamplingPlan, ctx: StepContext, key: str) -> SampledSegment:
+        """A tensor's strided sample: a random start (seed, step, tensor), and the authors' adaptation
+        of a sampled λ only (stride 1, nothing sampled, keeps the k-th largest |a|)."""
+        if plan.stride == 1:
+            return SampledSegment(offset, plan.numel, plan.k, 0, 1, plan.top_samples, 0)
+        start = int(self._rng(ctx, key).integers(0, plan.stride))
+        return SampledSegment(offset, plan.numel, plan.k, start, plan.stride, plan.top_samples,
+                              self.max_adaptation_iters)
 
-    def _plan(self, control: DGCControl, ctx: StepContext) -> SamplingPlan:
-        """This step's sampling plan; records its density and k in ``control``."""
-        density = self.step_density(ctx)
-        plan = sampling_plan(ctx.numel, density, self.sample_ratio)
-        control.density, control.k = density, plan.k
-        return plan
+    def _uniform_select(self, acc: Any, plans: list, band: ThresholdBand, ctx: StepContext
+                        ) -> tuple[Any, list[float]]:
+        """``strided_sample=False``: each tensor's λ from a uniform sample with replacement."""
+        b, parts, thresholds = ctx.backend, [], []
+        for offset, plan, key in plans:
+            part = acc if len(plans) == 1 else b.slice(acc, offset, offset + plan.numel)
+            iterations = band.iterations if plan.stride > 1 else 0
+            if plan.stride == 1:
+                sample = b.abs(part)
+            else:
+                where = self._rng(ctx, key).integers(0, plan.numel, plan.num_samples, dtype=np.int64)
+                sample = b.abs(b.take(part, b.from_numpy(where, like=acc)))
+            threshold = top_magnitudes(b, sample, plan.top_samples)[1]
+            idx, threshold = b.adapt_threshold_select(part, threshold, plan.k,
+                                                      band._replace(iterations=iterations))
+            parts.append(idx + offset if offset else idx)
+            thresholds.append(threshold)
+        return (parts[0] if len(parts) == 1 else b.concat(parts)), thresholds
+
+    def _rng(self, ctx: StepContext, key: str) -> np.random.Generator:
+        """A tensor's sample's random source: the same on every rank (seed, step, the tensor's
+        bucket key), made only for a sampled tensor (a generator costs more than a small tensor's
+        selection)."""
+        return np.random.default_rng([self.seed, ctx.step, bucket_seed(key)])
 
     def target_k(self, control: DGCControl, ctx: StepContext) -> int:
         """The k of the step's selection, or of the step's density before one."""
-        return control.k if control.k is not None else self.k(ctx.numel, self.step_density(ctx))
+        if control.k is not None:
+            return control.k
+        density = self.step_density(ctx)
+        return sum(self.k(size, density) for _, size, _ in self.tensor_segments(ctx))
 
-    def masks_momentum(self, control: DGCControl, ctx: StepContext) -> bool:
-        """The authors' dense path (k = n) keeps the momentum."""
-        return control.k is None or control.k < ctx.numel
+    def masks_momentum(self, control: DGCControl, ctx: StepContext) -> bool | list[bool]:
+        """The authors' dense path (k = n) keeps the momentum: per tensor of a packed bucket, from
+        the k the step's selection took for each."""
+        if control.tensor_k is None:   # asked only after a selection, which sets it
+            return True
+        segments = self.tensor_segments(ctx)
+        masks = [k < size for k, (_, size, _) in zip(control.tensor_k, segments, strict=True)]
+        return masks if len(set(masks)) > 1 else masks[0]
 
     # --- statistics and checkpoints ----------------------------------------------------------------------
     def control_stats(self, control: DGCControl) -> dict:

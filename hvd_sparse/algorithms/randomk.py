@@ -52,6 +52,7 @@ class RandomK(Algorithm):
     name = "randomk"
     patterns = (GATHER, SHARED)
     scopes = (TENSOR, MODEL)
+    packs_tensors = True
 
     def __init__(self, density: float = 0.01, *, seed: int = 0, shared_seed: bool = False,
                  scope: str = TENSOR, **corrections: Unpack[CorrectionOptions]):
@@ -64,13 +65,21 @@ class RandomK(Algorithm):
         self.shared_seed = shared_seed
 
     def draw(self, ctx: StepContext) -> np.ndarray:
-        """This step's indices (sorted int64) for the bucket, as NumPy."""
+        """This step's indices (sorted int64) for the bucket, as NumPy: each tensor's own draw in
+        a bucket packing per-tensor steps, seeded by the tensor's key as in a bucket of its own."""
+        density = self.step_density(ctx)
+        parts = [offset + self._draw(ctx, key, size, density)
+                 for offset, size, key in self.tensor_segments(ctx)]
+        return parts[0] if len(parts) == 1 else np.concatenate(parts)
+
+    def _draw(self, ctx: StepContext, key: str, numel: int, density: float) -> np.ndarray:
+        """k of ``numel`` indices, sorted, from the stream of (seed, rank unless shared, step, key)."""
         stream = 0 if self.shared_seed else ctx.rank + 1
-        rng = np.random.default_rng([self.seed, stream, ctx.step, bucket_seed(ctx.key)])
-        k = self.k(ctx.numel, self.step_density(ctx))
-        if k >= ctx.numel:
-            return np.arange(ctx.numel, dtype=np.int64)
-        return np.sort(rng.choice(ctx.numel, size=k, replace=False)).astype(np.int64)
+        rng = np.random.default_rng([self.seed, stream, ctx.step, bucket_seed(key)])
+        k = self.k(numel, density)
+        if k >= numel:
+            return np.arange(numel, dtype=np.int64)
+        return np.sort(rng.choice(numel, size=k, replace=False)).astype(np.int64)
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
         """The step's random indices (``draw``)."""

@@ -35,12 +35,17 @@ class TopK(Algorithm):
     name = "topk"
     patterns = (GATHER, UNION)
     scopes = (TENSOR, MODEL)
+    packs_tensors = True
 
     def __init__(self, density: float = 0.01, *, pattern: str = GATHER, scope: str = TENSOR,
                  **corrections: Unpack[CorrectionOptions]):
         super().__init__(density, pattern=pattern, scope=scope, **corrections)
 
     def select_local(self, acc: Any, control: Any, ctx: StepContext) -> Any:
-        """The k entries of largest magnitude (ties: docs/algorithms.md#ties)."""
-        b = ctx.backend
-        return b.topk_abs_indices(acc, self.k(ctx.numel, self.step_density(ctx)))
+        """The k entries of largest magnitude (ties: docs/algorithms.md#ties), in each tensor of a
+        bucket packing per-tensor steps."""
+        b, density = ctx.backend, self.step_density(ctx)
+        if not ctx.members:
+            return b.topk_abs_indices(acc, self.k(ctx.numel, density))
+        return b.topk_abs_segments(acc, [(offset, size, self.k(size, density))
+                                         for offset, size, _ in self.tensor_segments(ctx)])

@@ -4,13 +4,14 @@ results of the fused ops: contract.py; the numerics every path shares: exact.py)
 from __future__ import annotations
 
 from .base import Backend, Momentum, index_dtype_for, top_magnitudes
-from .contract import Moments, Norms, Selected, ThresholdBand, Velocity
+from .contract import Moments, Norms, SampledSegment, Selected, ThresholdBand, Velocity
 
 __all__ = [
     "Backend",
     "Moments",
     "Momentum",
     "Norms",
+    "SampledSegment",
     "Selected",
     "ThresholdBand",
     "Velocity",

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .contract import Array, Moments, Norms, Selected, ThresholdBand, Velocity
+from .contract import Array, Moments, Norms, SampledSegment, Selected, ThresholdBand, Velocity
 
 
 @dataclass
@@ -146,14 +146,24 @@ class Backend:
                  for start, size, k in segments]
         return self.concat(parts) if parts else self.arange(0, 0, like=x)
 
-    def sampled_threshold_select(self, x: Array, k: int, start: int, stride: int, top: int,
-                                 band: ThresholdBand) -> tuple[Array, float]:
-        """DGC's selection of about k entries of x (a vector), one call: ascending int64 indices
-        and the final threshold. The threshold is the smallest of the ``top`` largest magnitudes
-        of ``x[start::stride]``, then ``adapt_threshold_select``."""
-        # |sample| is a contiguous copy of a strided view: the top-k kernels take it
-        sample = self.abs(self.slice(x, start, self.numel(x), stride))
-        return self.adapt_threshold_select(x, top_magnitudes(self, sample, top)[1], k, band)
+    def sampled_threshold_select(self, x: Array, segments: Sequence[SampledSegment],
+                                 band: ThresholdBand) -> tuple[Array, list[float]]:
+        """DGC's selection in each segment of x (a vector) on its own, one call: int64 indices,
+        each segment's ascending and offset by its offset, concatenated in the order given, and
+        each segment's final threshold. A segment's threshold is the smallest of the ``top``
+        largest magnitudes of ``seg[start::stride]``, then ``adapt_threshold_select`` with the
+        segment's ``iterations``."""
+        parts, thresholds = [], []
+        for seg in segments:
+            part = self.slice(x, seg.offset, seg.offset + seg.size)
+            # |sample| is a contiguous copy of a strided view: the top-k kernels take it
+            sample = self.abs(self.slice(part, seg.start, seg.size, seg.stride))
+            threshold = top_magnitudes(self, sample, seg.top)[1]
+            idx, threshold = self.adapt_threshold_select(part, threshold, seg.k,
+                                                         band._replace(iterations=seg.iterations))
+            parts.append(idx + seg.offset if seg.offset else idx)
+            thresholds.append(threshold)
+        return (self.concat(parts) if parts else self.arange(0, 0, like=x)), thresholds
 
     def adapt_threshold_select(self, x: Array, threshold: float, k: int, band: ThresholdBand
                                ) -> tuple[Array, float]:

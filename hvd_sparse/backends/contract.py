@@ -72,6 +72,27 @@ class ThresholdBand(NamedTuple):
     resample: bool
 
 
+class SampledSegment(NamedTuple):
+    """A stretch of a vector DGC selects from on its own (``Backend.sampled_threshold_select``): a
+    tensor of a bucket that packs several. ``start`` counts from ``offset``."""
+
+    offset: int       # where the segment begins in the vector
+    size: int
+    k: int            # entries to keep at most
+    start: int        # the strided sample: seg[start::stride], threshold = its top-th magnitude
+    stride: int
+    top: int
+    iterations: int   # adaptation passes (the band's ``iterations`` for this segment)
+
+
+def sampled_plan_fits(segments: list[SampledSegment], n: int) -> bool:
+    """Whether the sampled-selection kernels take these segments of a vector of ``n``: each k
+    between 1 and its size, a positive stride, sizes summing to at most n (the kernels' room);
+    else the reference composition runs. Other invalid plans make the kernels raise."""
+    return (sum(seg.size for seg in segments) <= n
+            and all(1 <= seg.k <= seg.size and seg.stride >= 1 for seg in segments))
+
+
 class KernelOps(Protocol):
     """What an op module of hvd_sparse.kernels provides (``kernels.ops_for``): every op returns the
     result of the backend op it replaces, bit for bit, or None where it does not handle its
@@ -118,9 +139,9 @@ class KernelOps(Protocol):
                         every: int, index_dtype: Any) -> tuple[Array, list[float]] | None:
         """``Backend.select_at_least``: (indices, probe counts)."""
 
-    def sampled_threshold_select(self, x: Array, k: int, start: int, stride: int, top: int,
-                                 band: ThresholdBand, index_dtype: Any) -> tuple[Array, float] | None:
-        """``Backend.sampled_threshold_select``: (indices, threshold)."""
+    def sampled_threshold_select(self, x: Array, segments: list[SampledSegment], band: ThresholdBand,
+                                 index_dtype: Any) -> tuple[Array, list[float]] | None:
+        """``Backend.sampled_threshold_select``: (indices, a threshold per segment)."""
 
     def mean_std(self, x: Array) -> tuple[float, float] | None:
         """``Backend.mean_std``."""

@@ -163,10 +163,10 @@ class TensorFlowBackend(Backend):
             return done
         return super().select_at_least(x, lo, hi, threshold, probes, every)
 
-    def sampled_threshold_select(self, x, k, start, stride, top, band):
+    def sampled_threshold_select(self, x, segments, band):
         ops = kernels.tensorflow_ops()   # one op call, where each step was an eager op
-        done = None if ops is None else ops.sampled_threshold_select(x, k, start, stride, top, band)
-        return super().sampled_threshold_select(x, k, start, stride, top, band) if done is None else done
+        done = None if ops is None else ops.sampled_threshold_select(x, list(segments), band)
+        return super().sampled_threshold_select(x, segments, band) if done is None else done
 
     def split_like(self, flat, tensors):
         if isinstance(tensors, Packed):

@@ -225,11 +225,10 @@ class TorchBackend(Backend):
             return done
         return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
 
-    def sampled_threshold_select(self, x, k, start, stride, top, band):
+    def sampled_threshold_select(self, x, segments, band):
         ops = kernels.ops_for(x)   # one kernel call: no return to Python between passes
-        done = None if ops is None else ops.sampled_threshold_select(x, k, start, stride, top, band,
-                                                                       torch.int64)
-        return super().sampled_threshold_select(x, k, start, stride, top, band) if done is None else done
+        done = None if ops is None else ops.sampled_threshold_select(x, list(segments), band, torch.int64)
+        return super().sampled_threshold_select(x, segments, band) if done is None else done
 
     def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
         ops = kernels.ops_for(x)

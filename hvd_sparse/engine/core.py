@@ -78,6 +78,7 @@ class Bucket:
     momentum_unmasked: Any = None   # u of the last step before masking (nonfinite="raise": for
                                     # take_back)
     dense: bool = False             # every tensor under ``dense_below``: always averaged densely
+    members: tuple[str, ...] = ()   # the tensors' own keys when it packs per-tensor steps
     times: StepTimes | None = None  # where the current (or last) step's host time went
 
 
@@ -132,9 +133,13 @@ class Engine:
         self._agreed: set[str] = set()   # buckets whose configuration every rank has checked
 
     # --- the step ------------------------------------------------------------------------------
-    def step(self, key: str, tensors: list[Any], check_layout: bool = True) -> Protocol:
+    def step(self, key: str, tensors: list[Any], check_layout: bool = True,
+             members: tuple[str, ...] = ()) -> Protocol:
         """Protocol of one step of bucket ``key``; returns the averaged tensors, shaped like
-        ``tensors`` (the same tensor objects, overwritten, with ``write_into_inputs``). With
+        ``tensors`` (the same tensor objects, overwritten, with ``write_into_inputs``).
+        ``members``: a key per tensor when the bucket packs per-tensor steps, which the method
+        then takes tensor by tensor (``Algorithm.packs_tensors``; they name its checkpoint
+        parts, so a checkpoint of unpacked buckets loads into it and back). With
         ``check_layout`` the first step also checks, unless ``agree_on_config`` already covered
         the bucket, that every rank runs the same method and options on a bucket of the same
         layout (one tiny allgather), so a configuration that differs across ranks fails loudly.
@@ -142,7 +147,7 @@ class Engine:
         The time each part of the step ran on the host is kept in the bucket's ``StepTimes``."""
         if all(self.backend.numel(t) == 0 for t in tensors):
             return list(tensors)
-        bucket = self._bucket(key, tensors)
+        bucket = self._bucket(key, tensors, tuple(members))
         bucket.times = times = StepTimes()
         return (yield from timed(self._step(bucket, tensors, check_layout, times), times, "engine"))
 
@@ -278,18 +283,30 @@ class Engine:
                 "nonfinite='skip' to drop such a rank's contribution for the step instead")
         if picked.finite:
             bucket.residual = out.residual
-            if self._masks_momentum(bucket, method, ctx):
+            masks = self._masks_momentum(bucket, method, ctx)
+            if masks:
                 if self.nonfinite == "raise":   # what take_back restores
                     bucket.momentum_unmasked = self.backend.copy(bucket.momentum)
-                bucket.momentum = self.backend.zero_at(bucket.momentum, out.sent_at)
+                at = out.sent_at if masks is True else self._in_tensors(out.sent_at, bucket.sizes, masks)
+                bucket.momentum = self.backend.zero_at(bucket.momentum, at)
         keep = picked.finite and self.nonfinite == "raise"
         bucket.sent = (out.sent_at, out.values) if keep else None
 
-    def _masks_momentum(self, bucket: Bucket, method: Algorithm, ctx: StepContext) -> bool:
+    def _masks_momentum(self, bucket: Bucket, method: Algorithm, ctx: StepContext) -> bool | list[bool]:
         """Momentum factor masking applies to sparse steps; a dense step (everything sent) keeps
-        the velocity, which makes it plain momentum SGD, as DGC's authors' dense path does."""
-        return (ctx.momentum is not None and self.algorithm.corrections.momentum_masking
-                and method is self.algorithm and method.masks_momentum(bucket.control, ctx))
+        the velocity, which makes it plain momentum SGD, as DGC's authors' dense path does. A
+        list: whether it applies in each tensor of a bucket packing per-tensor steps."""
+        if (ctx.momentum is None or not self.algorithm.corrections.momentum_masking
+                or method is not self.algorithm):
+            return False
+        return method.masks_momentum(bucket.control, ctx)
+
+    def _in_tensors(self, idx: Any, sizes: tuple[int, ...], keep: list[bool]) -> Any:
+        """The indices of ``idx`` that fall in the tensors (of ``sizes``) marked in ``keep``."""
+        b = self.backend
+        host = b.to_numpy(idx)
+        tensor = np.searchsorted(np.cumsum(sizes), host, side="right")
+        return b.from_numpy(host[np.asarray(keep)[tensor]], like=idx)
 
     def _unmask_momentum(self, bucket: Bucket) -> None:
         """Undo the factor masking of the last step (take_back: nothing of it was sent)."""
@@ -331,7 +348,8 @@ class Engine:
             if density == self.algorithm.density and not bucket.dense:
                 density = None   # the schedule is over: the method's own (DGC's epochs)
         return StepContext(self.rank, self.size, bucket.step, bucket.key, bucket.numel, self.backend,
-                           f"{self.prefix}.{bucket.key}", bucket.sizes, density, self._momentum(bucket))
+                           f"{self.prefix}.{bucket.key}", bucket.sizes, density, self._momentum(bucket),
+                           bucket.members)
 
     def _momentum(self, bucket: Bucket) -> Momentum | None:
         """The bucket's velocity for this step's accumulation, when the correction is on."""
@@ -443,7 +461,7 @@ class Engine:
         """Whether a check of the whole configuration (``buckets=None``) has passed."""
         return "*" in self._agreed
 
-    def _bucket(self, key: str, tensors: list[Any]) -> Bucket:
+    def _bucket(self, key: str, tensors: list[Any], members: tuple[str, ...] = ()) -> Bucket:
         b = self.backend
         shapes = tuple(tuple(int(d) for d in t.shape) for t in tensors)
         dtypes = tuple(b.dtype_name(t) for t in tensors)
@@ -456,6 +474,13 @@ class Engine:
             return bucket
         for dtype in dtypes:
             check_gradient_dtype(key, dtype)
+        algorithm = self.algorithm
+        if members and not (algorithm.tensor_packing and len(members) == len(tensors)):
+            raise ConfigurationError(
+                f"bucket {key!r} packs {len(members)} per-tensor steps for {len(tensors)} tensors with "
+                f"{type(algorithm).__name__}(scope={algorithm.scope!r}), which "
+                + ("needs a key per tensor" if algorithm.tensor_packing
+                   else "selects per tensor only in buckets of its own, and only in scope 'tensor'"))
         sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
         numel = sum(sizes)
         if numel == 0:
@@ -465,11 +490,36 @@ class Engine:
         bucket = Bucket(key=key, shapes=shapes, dtypes=dtypes, numel=numel,
                         residual=b.zeros(numel, residual_dtype, like=like),
                         value_dtype=value_dtype_for(dtypes), index_dtype=index_dtype_for(numel),
-                        sizes=sizes, dense=self._is_dense(sizes))
+                        sizes=sizes, dense=self._is_dense(sizes), members=members)
         self.buckets[key] = bucket
-        if key in self._restored:
-            self._restore(bucket, self._restored.pop(key), like)
+        saved = self._saved_for(bucket)
+        if saved is not None:
+            self._restore(bucket, saved, like)
         return bucket
+
+    def _saved_for(self, bucket: Bucket) -> dict | None:
+        """The restored state of a new bucket: its own, or -- across a change of packing
+        (``step``'s ``members``) -- its members' states joined, or its part of a packed bucket's."""
+        if bucket.key in self._restored:
+            return self._restored.pop(bucket.key)
+        if bucket.members and all(m in self._restored for m in bucket.members):
+            return _joined([self._restored.pop(m) for m in bucket.members])
+        for key, saved in self._restored.items():
+            if bucket.key in saved.get("members", ()):
+                taken = {*saved.get("taken", ()), bucket.key}
+                if len(taken) == len(saved["members"]):
+                    del self._restored[key]   # every part taken
+                else:
+                    self._restored[key] = {**saved, "taken": taken}
+                return _part_of(saved, saved["members"].index(bucket.key))
+        return None
+
+    def _restore_existing(self) -> None:
+        """Restore the buckets that exist already from what was just loaded (``_restored``)."""
+        for bucket in self.buckets.values():
+            saved = self._saved_for(bucket)
+            if saved is not None:
+                self._restore(bucket, saved, bucket.residual)
 
     def _is_dense(self, sizes: tuple[int, ...]) -> bool:
         """A bucket of tensors that are all under ``dense_below`` is always averaged densely."""
@@ -502,7 +552,8 @@ class Engine:
             "rank": self.rank,
             "size": self.size,
             "buckets": {
-                key: {"shapes": bk.shapes, "step": bk.step, "residual": b.to_numpy(bk.residual).copy(),
+                key: {"shapes": bk.shapes, "step": bk.step, "members": bk.members,
+                      "residual": b.to_numpy(bk.residual).copy(),
                       "momentum": None if bk.momentum is None else b.to_numpy(bk.momentum).copy(),
                       "control": None if bk.control is None else self.algorithm.control_state(bk.control)}
                 for key, bk in self.buckets.items()
@@ -532,10 +583,7 @@ class Engine:
                 "rank; save and load one file per rank (e.g. suffix the path with hvd.rank())")
         self._restored_size = state["size"]
         self._restored = dict(state["buckets"])
-        for key in list(self._restored):
-            if key in self.buckets:
-                bucket = self.buckets[key]
-                self._restore(bucket, self._restored.pop(key), bucket.residual)
+        self._restore_existing()
 
     def agreed_state(self, state: dict | None = None) -> dict:
         """The rank-independent part of ``state`` (default: this engine's ``state_dict``): no
@@ -544,6 +592,7 @@ class Engine:
         state = self.state_dict() if state is None else state
         return {**{k: v for k, v in state.items() if k not in ("buckets", "rank")},
                 "buckets": {key: {"shapes": saved["shapes"], "step": saved["step"],
+                                  "members": saved.get("members", ()),
                                   "control": None if saved["control"] is None
                                   else self.algorithm.agreed_control(saved["control"])}
                             for key, saved in state["buckets"].items()}}
@@ -565,10 +614,7 @@ class Engine:
         self._restored = {key: {**saved, "residual": own.get(key), "momentum": velocities.get(key),
                                 "own_residual": True}
                           for key, saved in agreed["buckets"].items()}
-        for key in list(self._restored):
-            if key in self.buckets:
-                bucket = self.buckets[key]
-                self._restore(bucket, self._restored.pop(key), bucket.residual)
+        self._restore_existing()
 
     def _restore(self, bucket: Bucket, saved: dict, like: Any) -> None:
         if tuple(map(tuple, saved["shapes"])) != bucket.shapes:
@@ -593,3 +639,32 @@ class Engine:
             if saved.get("own_residual"):   # an elastic reset: "rebuilt for N ranks" is expected
                 warnings.simplefilter("ignore")
             bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)
+
+
+def _joined(parts: list[dict]) -> dict:
+    """Saved states of buckets of one tensor each as the state of one bucket packing them: the
+    residuals and velocities end to end (zeros where a part has none), the step of the first (every
+    rank steps every bucket together), no control state (the packed bucket starts its own)."""
+    def joined(field: str) -> np.ndarray | None:
+        arrays = [part.get(field) for part in parts]
+        if all(a is None for a in arrays):
+            return None
+        sizes = [int(np.prod(part["shapes"][0], dtype=np.int64)) for part in parts]
+        return np.concatenate([np.zeros(n, np.float64) if a is None else np.asarray(a).reshape(-1)
+                               for a, n in zip(arrays, sizes, strict=True)])
+    return {"shapes": [tuple(part["shapes"][0]) for part in parts], "step": parts[0]["step"],
+            "residual": joined("residual"), "momentum": joined("momentum"), "control": None,
+            "own_residual": parts[0].get("own_residual", False)}
+
+
+def _part_of(saved: dict, position: int) -> dict:
+    """The saved state of the ``position``-th tensor of a packed bucket as a bucket of its own
+    (no control state: it starts its own)."""
+    sizes = [int(np.prod(shape, dtype=np.int64)) for shape in saved["shapes"]]
+    lo = sum(sizes[:position])
+
+    def part(field: str) -> np.ndarray | None:
+        array = saved.get(field)
+        return None if array is None else np.asarray(array).reshape(-1)[lo:lo + sizes[position]].copy()
+    return {"shapes": [tuple(saved["shapes"][position])], "step": saved["step"], "residual": part("residual"),
+            "momentum": part("momentum"), "control": None, "own_residual": saved.get("own_residual", False)}

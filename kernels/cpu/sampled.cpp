@@ -1,8 +1,10 @@
 // DGC's selection in one call: the reference composition of backend ops
 // (hvd_sparse/backends/base.py, Backend.sampled_threshold_select) without a return to Python
-// between its steps, each of which costs a per-tensor step more in dispatch than in arithmetic.
+// between its steps, each of which costs a per-tensor step more in dispatch than in arithmetic,
+// over every segment of a vector at once (a bucket packing many tensors selects per tensor).
 //
-// * the threshold is the `top`-th largest magnitude of x[start::stride] (NaN when the sample
+// In each segment, on its own:
+// * the threshold is the `top`-th largest magnitude of seg[start::stride] (NaN when the sample
 //   holds a NaN, which ranks above every magnitude);
 // * the adaptation band runs as the reference does: select |x| >= threshold (accumulate.cpp's
 //   selection, the threshold rounded to x's type as NumPy rounds it); more than upper·k chosen:
@@ -10,10 +12,13 @@
 //   lower·k: threshold ×= lower; else stop; at most `iterations` times (DGC passes none for an
 //   unsampled tensor). The first k chosen (ascending) are kept.
 //
-// C ABI: hvd_sparse_sampled_threshold_select(x, dtype, n, k, start, stride, top, upper, lower,
-// iterations, resample, room, index_bits, threshold) writes the chosen indices, ascending, at the
-// front of room (room for n indices of index_bits) and returns how many (at most k), the final
-// threshold (before rounding) in *threshold; -1 for invalid arguments, -2 when memory ran out.
+// C ABI: hvd_sparse_sampled_threshold_select(x, dtype, n, plan, segments, upper, lower, resample,
+// room, index_bits, thresholds): plan holds 7 int64 per segment (offset, size, k, start, stride,
+// top, iterations), the segments' sizes summing to at most n. Writes each segment's chosen
+// indices, ascending and offset by its offset, one segment after the other in plan order, at the
+// front of room (room for n indices of index_bits) and returns how many in all (at most the sum
+// of the k); each segment's final threshold (before rounding) in thresholds[segment]; -1 for
+// invalid arguments, -2 when memory ran out.
 
 #include <algorithm>
 #include <cfloat>
@@ -127,23 +132,53 @@ int64_t run(const R* x, int64_t n, int64_t k, int64_t start, int64_t stride, int
   return std::min(count, k);
 }
 
+// Every segment of plan in turn (offset, size, k, start, stride, top, iterations each), its
+// indices appended to room: how many in all, or a negative status.
+template <typename R, typename I>
+int64_t run_segments(const R* x, const int64_t* plan, int64_t segments, double upper, double lower,
+                     bool resampling, I* room, double* thresholds) {
+  int64_t written = 0;
+  for (int64_t s = 0; s < segments; ++s) {
+    const int64_t* p = plan + 7 * s;
+    I* out = room + written;
+    const int64_t kept = run<R, I>(x + p[0], p[1], p[2], p[3], p[4], p[5], upper, lower, p[6], resampling,
+                                   out, thresholds + s);
+    if (kept < 0) return kept;
+    for (int64_t j = 0; j < kept; ++j) out[j] += static_cast<I>(p[0]);
+    written += kept;
+  }
+  return written;
+}
+
+// Whether one segment's (offset, size, k, start, stride, top, iterations) fits a vector of n.
+bool valid_segment(const int64_t* p, int64_t n) {
+  const int64_t offset = p[0], size = p[1], k = p[2], start = p[3], stride = p[4], top = p[5];
+  return offset >= 0 && size >= 1 && offset <= n - size && k >= 1 && k <= size && stride >= 1 && start >= 0
+         && (stride == 1 || start < stride) && start < size && top >= 1
+         && top <= (size - start + stride - 1) / stride && p[6] >= 0;
+}
+
 }  // namespace
 
 extern "C" {
 
-int64_t hvd_sparse_sampled_threshold_select(const void* x, int dtype, int64_t n, int64_t k, int64_t start,
-                                            int64_t stride, int64_t top, double upper, double lower,
-                                            int64_t iterations, int resample, void* room, int index_bits,
-                                            double* threshold) {
-  if (n < 1 || k < 1 || k > n || stride < 1 || start < 0 || (stride > 1 && start >= stride)
-      || top < 1 || top > (n - start + stride - 1) / stride || iterations < 0 || x == nullptr
-      || room == nullptr || threshold == nullptr || (index_bits == 32 && n > INT32_MAX))
+int64_t hvd_sparse_sampled_threshold_select(const void* x, int dtype, int64_t n, const int64_t* plan,
+                                            int64_t segments, double upper, double lower, int resample,
+                                            void* room, int index_bits, double* thresholds) {
+  if (n < 1 || segments < 0 || x == nullptr || plan == nullptr || room == nullptr || thresholds == nullptr
+      || (index_bits == 32 && n > INT32_MAX))
     return -1;
+  int64_t total = 0;
+  for (int64_t s = 0; s < segments; ++s) {
+    if (!valid_segment(plan + 7 * s, n)) return -1;
+    total += plan[7 * s + 1];
+    if (total > n) return -1;   // room holds n indices
+  }
   auto go = [&](auto value_tag, auto index_tag) -> int64_t {
     using R = decltype(value_tag);
     using I = decltype(index_tag);
-    return run<R, I>(static_cast<const R*>(x), n, k, start, stride, top, upper, lower, iterations,
-                     resample != 0, static_cast<I*>(room), threshold);
+    return run_segments<R, I>(static_cast<const R*>(x), plan, segments, upper, lower, resample != 0,
+                              static_cast<I*>(room), thresholds);
   };
   try {
     const bool wide = index_bits == 64;

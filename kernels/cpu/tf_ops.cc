@@ -17,9 +17,9 @@
 // correction's velocity) and the threshold selection in one pass (accumulate.cpp).
 // HvdSparseSelectAtLeast(x, bounds, threshold, probes) -> (indices, counts): that selection alone,
 // on a vector already accumulated, read once (DGC's threshold passes, hard threshold).
-// HvdSparseSampledThresholdSelect(x, plan, band) -> (indices, threshold): DGC's selection in one
-// call (sampled.cpp): the threshold from a strided sample, its adaptation passes, the exact top-k
-// of an over-full selection.
+// HvdSparseSampledThresholdSelect(x, plan, band) -> (indices, thresholds): DGC's selection in one
+// call (sampled.cpp), in each segment of x: the threshold from a strided sample, its adaptation
+// passes, the exact top-k of an over-full selection.
 // HvdSparseSetAt(x, idx, values) -> x with x[idx] = values (zeros when values is empty).
 // HvdSparseScatterSplit(idx, values) -> parts: the dense vector with values at idx (duplicates
 // summed in order, from zeros, as tf.scatter_nd sums them) cut into pieces of the given sizes,
@@ -72,10 +72,9 @@ int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype
 int64_t hvd_sparse_select_at_least(const void* x, int dtype, int64_t lo, int64_t hi, double threshold,
                                    void* out, int index_bits, const double* probes, int num_probes,
                                    int64_t row_len, int64_t every, int64_t sample_end, int64_t* counts);
-int64_t hvd_sparse_sampled_threshold_select(const void* x, int dtype, int64_t n, int64_t k, int64_t start,
-                                            int64_t stride, int64_t top, double upper, double lower,
-                                            int64_t iterations, int resample, void* room, int index_bits,
-                                            double* threshold);
+int64_t hvd_sparse_sampled_threshold_select(const void* x, int dtype, int64_t n, const int64_t* plan,
+                                            int64_t segments, double upper, double lower, int resample,
+                                            void* room, int index_bits, double* thresholds);
 }
 
 namespace {
@@ -452,12 +451,12 @@ class SelectAtLeastOp : public OpKernel {
   }
 };
 
-// DGC's selection (sampled.cpp): plan = (k, start, stride, top), band = (upper, lower).
+// DGC's selection (sampled.cpp): plan = 7 int64 per segment (offset, size, k, start, stride,
+// top, iterations), band = (upper, lower); a threshold per segment.
 template <typename R, typename I>
 class SampledThresholdSelectOp : public OpKernel {
  public:
   explicit SampledThresholdSelectOp(OpKernelConstruction* context) : OpKernel(context) {
-    OP_REQUIRES_OK(context, context->GetAttr("iterations", &iterations_));
     OP_REQUIRES_OK(context, context->GetAttr("resample", &resample_));
   }
 
@@ -465,24 +464,23 @@ class SampledThresholdSelectOp : public OpKernel {
     const Tensor& x = context->input(0);
     const Tensor& plan = context->input(1);
     const Tensor& band = context->input(2);
-    OP_REQUIRES(context, plan.NumElements() == 4 && band.NumElements() == 2,
-                tensorflow::errors::InvalidArgument("plan needs 4 entries and band 2"));
-    const auto p = plan.flat<int64_t>();
+    OP_REQUIRES(context, plan.NumElements() % 7 == 0 && band.NumElements() == 2,
+                tensorflow::errors::InvalidArgument("plan needs 7 entries per segment and band 2"));
     const auto b = band.flat<double>();
+    const int64_t segments = plan.NumElements() / 7;
     Tensor room;
     OP_REQUIRES_OK(context, context->allocate_temp(tensorflow::DataTypeToEnum<I>::value,
                                                    TensorShape({x.NumElements()}), &room));
-    Tensor* threshold = nullptr;
-    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({}), &threshold));
+    Tensor* thresholds = nullptr;
+    OP_REQUIRES_OK(context, context->allocate_output(1, TensorShape({segments}), &thresholds));
     const int64_t selected = hvd_sparse_sampled_threshold_select(
-        x.tensor_data().data(), std::is_same<R, float>::value ? 2 : 3, x.NumElements(), p(0), p(1), p(2),
-        p(3), b(0), b(1), iterations_, resample_ ? 1 : 0, data_of(&room),
-        std::is_same<I, int32_t>::value ? 32 : 64, threshold->scalar<double>().data());
+        x.tensor_data().data(), std::is_same<R, float>::value ? 2 : 3, x.NumElements(),
+        plan.flat<int64_t>().data(), segments, b(0), b(1), resample_ ? 1 : 0, data_of(&room),
+        std::is_same<I, int32_t>::value ? 32 : 64, thresholds->flat<double>().data());
     OutputSelected<I>(context, 0, "sampled threshold", selected, room);
   }
 
  private:
-  int64_t iterations_ = 0;
   bool resample_ = false;
 };
 
@@ -639,16 +637,11 @@ REGISTER_OP("HvdSparseSampledThresholdSelect")
     .Input("plan: int64")
     .Input("band: double")
     .Output("indices: Tidx")
-    .Output("threshold: double")
+    .Output("thresholds: double")
     .Attr("R: {float, double}")
     .Attr("Tidx: {int32, int64} = DT_INT64")
-    .Attr("iterations: int >= 0")
     .Attr("resample: bool")
-    .SetShapeFn([](tensorflow::shape_inference::InferenceContext* c) {
-      c->set_output(0, c->Vector(c->UnknownDim()));
-      c->set_output(1, c->Scalar());
-      return tensorflow::OkStatus();
-    });
+    .SetShapeFn(VectorsOfUnknownLength);
 
 HVD_SPARSE_REGISTER_BY_TYPES("HvdSparseSampledThresholdSelect", "R", SampledThresholdSelectOp);
 

@@ -128,6 +128,32 @@ def test_iterative_methods_keep_exact_error_feedback_on_the_gpu(make):
         assert resumed[0].buckets["t0"].momentum.is_cuda
 
 
+PACKING = [lambda: TopK(0.05), lambda: TopK(0.05, momentum=0.9, pattern="union"),
+           lambda: DGC(0.05, clip_norm=5.0), lambda: DGC(0.05, nesterov=True),
+           lambda: RandomK(0.05, seed=3), lambda: RandomK(0.05, shared_seed=True)]
+
+
+@pytest.mark.parametrize("make", PACKING, ids=lambda make: repr(make()))
+def test_packed_steps_decide_as_a_bucket_per_tensor_on_the_gpu(make, device="cuda"):
+    """PyTorch's faces pack per-tensor TopK, DGC and random-k (``Algorithm.pack``): on CUDA tensors the
+    packed bucket's averages and residuals are a bucket per tensor's, bit for bit."""
+    b, keys = get_backend("torch"), tuple(f"t{i}" for i in range(len(SHAPES)))
+    packed = [Engine(make(), b, r, SIZE) for r in range(SIZE)]
+    alone = [Engine(make(), b, r, SIZE) for r in range(SIZE)]
+    group = LocalGroup(SIZE, b)
+    for grads in batches():
+        on_device = [[torch.from_numpy(g).to(device) for g in rank] for rank in grads]
+        one = group.run([e.step("t0-t2", list(on_device[r]), members=keys) for r, e in enumerate(packed)])
+        each = [group.run([e.step(key, [on_device[r][i]]) for r, e in enumerate(alone)])
+                for i, key in enumerate(keys)]
+        for r in range(SIZE):
+            for i in range(len(keys)):
+                assert one[r][i].device.type == device
+                torch.testing.assert_close(one[r][i], each[i][r][0], rtol=0, atol=0)
+            joined = torch.cat([alone[r].buckets[k].residual for k in keys])
+            torch.testing.assert_close(packed[r].buckets["t0-t2"].residual, joined, rtol=0, atol=0)
+
+
 def test_gpu_scatter_is_bitwise_reproducible():
     """Ranks scatter the same gathered pairs independently: on a GPU they must round alike."""
     b = get_backend("torch")

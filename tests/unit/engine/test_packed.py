@@ -1,0 +1,147 @@
+"""A bucket packing per-tensor steps (``Engine.step``'s ``members``, ``Algorithm.packs_tensors``):
+the same decisions, averages, residuals and velocities as a bucket per tensor, step after step,
+on N simulated ranks (NumPy backend); checkpoints move between the two packings."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hvd_sparse import ConfigurationError
+from hvd_sparse.algorithms import DGC, RandomK, Threshold, TopK
+from hvd_sparse.backends import get_backend
+from hvd_sparse.comm.local import LocalGroup
+from hvd_sparse.engine import Engine
+
+NP = get_backend("numpy")
+# A 1-entry tensor (DGC sends it whole: k = n, its velocity is never masked), small ones DGC does
+# not sample, and large ones it samples.
+SHAPES = [(60, 50), (1,), (7,), (40, 30, 3), (150,), (900,)]
+KEYS = tuple(f"g{i}" for i in range(len(SHAPES)))
+METHODS = {
+    "topk": lambda: TopK(0.02),
+    "topk-union": lambda: TopK(0.02, pattern="union"),
+    "topk-momentum": lambda: TopK(0.01, momentum=0.9, warmup_steps=3),
+    "dgc": lambda: DGC(0.01),
+    "dgc-nesterov-uniform": lambda: DGC(0.01, nesterov=True, strided_sample=False, seed=3),
+    "dgc-dense": lambda: DGC(1.0),
+    "dgc-clip": lambda: DGC(0.01, clip_norm=3.0),   # clips the large tensors, not the small ones
+    "randomk": lambda: RandomK(0.02, seed=5),
+    "randomk-shared-momentum": lambda: RandomK(0.05, shared_seed=True, momentum=0.9),
+}
+
+
+def gradients(rng, size):
+    return [[(rng.standard_t(3, s) * rng.uniform(0.1, 2.0)).astype(np.float32) for s in SHAPES]
+            for _ in range(size)]
+
+
+def per_tensor_step(group, engines, grads):
+    """Every tensor in a bucket of its own; each rank's flat average."""
+    outs = [[] for _ in engines]
+    for i, key in enumerate(KEYS):
+        done = group.run([e.step(key, [grads[r][i]]) for r, e in enumerate(engines)])
+        for r, out in enumerate(done):
+            outs[r].append(np.ravel(out[0]))
+    return [np.concatenate(o) for o in outs]
+
+
+def packed_step(group, engines, grads):
+    done = group.run([e.step("all", grads[r], members=KEYS) for r, e in enumerate(engines)])
+    return [np.concatenate([np.ravel(t) for t in out]) for out in done]
+
+
+def state_of(engine, key=None):
+    """(residual, velocity) of a rank, end to end over the tensors."""
+    if key is not None:
+        bucket = engine.buckets[key]
+        return bucket.residual, bucket.momentum
+    buckets = [engine.buckets[k] for k in KEYS]
+    momenta = [b.momentum for b in buckets]
+    return (np.concatenate([b.residual for b in buckets]),
+            None if any(m is None for m in momenta) else np.concatenate(momenta))
+
+
+def assert_same(alone, packed):
+    for (residual, momentum), (packed_residual, packed_momentum) in zip(alone, packed, strict=True):
+        np.testing.assert_array_equal(packed_residual, residual)
+        if momentum is None:
+            assert packed_momentum is None
+        else:
+            np.testing.assert_array_equal(packed_momentum, momentum)
+
+
+@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("size", [1, 2, 3])
+def test_packed_bucket_decides_as_a_bucket_per_tensor(method, size):
+    group, rng = LocalGroup(size), np.random.default_rng(size)
+    alone = [Engine(METHODS[method](), NP, r, size) for r in range(size)]
+    packed = [Engine(METHODS[method](), NP, r, size) for r in range(size)]
+    for _ in range(8):
+        grads = gradients(rng, size)
+        expected, got = per_tensor_step(group, alone, grads), packed_step(group, packed, grads)
+        for e, g in zip(expected, got, strict=True):
+            np.testing.assert_array_equal(g, e)
+        assert_same([state_of(e) for e in alone], [state_of(e, "all") for e in packed])
+        want, have = alone[0].stats(), packed[0].stats()
+        for field in ("k", "selected", "bytes_sent"):
+            assert have[field] == want[field], field
+    if method.startswith("dgc") and method != "dgc-dense":
+        assert packed[0].stats()["threshold"] == pytest.approx(alone[0].stats()["threshold"])
+
+
+@pytest.mark.parametrize("direction", ["into packed", "out of packed"])
+def test_checkpoints_move_between_packings(direction):
+    """A checkpoint of buckets per tensor resumes in a packed bucket, and back: residuals,
+    velocities and steps carried over, the run then the same as if never moved."""
+    size, rng = 2, np.random.default_rng(5)
+    group = LocalGroup(size)
+    make = lambda: [Engine(DGC(0.01), NP, r, size) for r in range(size)]   # noqa: E731
+    before, after = per_tensor_step, packed_step
+    if direction == "out of packed":
+        before, after = after, before
+    first, reference = make(), make()
+    for _ in range(3):
+        grads = gradients(rng, size)
+        before(group, first, grads)
+        before(group, reference, grads)
+    resumed = make()
+    for engine, old in zip(resumed, first, strict=True):
+        engine.load_state_dict(old.state_dict())
+    for _ in range(3):
+        grads = gradients(rng, size)
+        for e, g in zip(before(group, reference, grads), after(group, resumed, grads), strict=True):
+            np.testing.assert_array_equal(g, e)
+    packed, alone = (resumed, reference) if direction == "into packed" else (reference, resumed)
+    assert_same([state_of(e) for e in alone], [state_of(e, "all") for e in packed])
+    assert {b.step for e in resumed for b in e.buckets.values()} == {6}
+    assert not any(e._restored for e in resumed)   # every part taken
+
+
+def test_a_method_that_cannot_pack_is_refused():
+    engine = Engine(Threshold(0.1, scope="tensor"), NP, 0, 1)
+    with pytest.raises(ConfigurationError, match="only in buckets of its own"):
+        LocalGroup(1).run([engine.step("all", [np.ones(4, np.float32)] * 2, members=("a", "b"))])
+    engine = Engine(TopK(0.1, scope="model"), NP, 0, 1)   # one k over the bucket: no tensors
+    with pytest.raises(ConfigurationError, match="only in scope 'tensor'"):
+        LocalGroup(1).run([engine.step("all", [np.ones(4, np.float32)] * 2, members=("a", "b"))])
+    engine = Engine(TopK(0.1), NP, 0, 1)
+    with pytest.raises(ConfigurationError, match="a key per tensor"):
+        LocalGroup(1).run([engine.step("all", [np.ones(4, np.float32)] * 2, members=("a",))])
+
+
+def test_pack_runs_consecutive_packable_tensors_up_to_the_limit():
+    """``Algorithm.pack``: runs of one dtype, split at the limit, a larger tensor alone; empty and
+    ``dense_below`` tensors, other dtypes and methods that cannot pack keep their buckets."""
+    keys = ["a", "b", "empty", "c", "d", "small", "e", "half", "f", "g"]
+    sizes = dict(zip(keys, [30, 40, 0, 50, 200, 5, 60, 70, 20, 30], strict=True))
+    dtypes = {k: "float16" if k == "half" else "float32" for k in keys}
+    algorithm = TopK(0.1, dense_below=10)
+    plan = algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes, limit=100)
+    assert plan == [("a-b", ["a", "b"]), ("empty", ["empty"]), ("c", ["c"]), ("d", ["d"]),
+                    ("small", ["small"]), ("e", ["e"]), ("half", ["half"]), ("f-g", ["f", "g"])]
+    assert [algorithm.step_members(m) for _, m in plan] == [("a", "b")] + [()] * 6 + [("f", "g")]
+    for unpackable in (TopK(0.1, scope="model"), Threshold(0.1)):
+        unpacked = unpackable.plan(keys, [sizes[k] for k in keys])
+        assert unpackable.pack(unpacked, sizes, dtypes, limit=100) == unpacked
+        assert all(unpackable.step_members(m) == () for _, m in unpacked)
