@@ -12,7 +12,10 @@ between steps.
   py_functions (phase p of all of them in one call): with every gradient in one Horovod group
   (``DistributedGradientTape`` here sets it) that is every gradient of the model, which takes
   MobileNetV2's 158 gradients from 474 py_function calls a step to 3; under Horovod's default
-  grouping each gradient sits in its own ``tf.cond`` and keeps py_functions of its own.
+  grouping each gradient sits in its own ``tf.cond`` and keeps py_functions of its own. A method
+  that packs per-tensor steps (``Algorithm.packs_tensors``: TopK, DGC, RandomK) takes the
+  gradients built together in one bucket per dtype and selects in each as in a bucket of its
+  own: one engine step and one set of collectives where there were as many as gradients.
 * Other scopes (the whole model, merged groups): every ``compress`` of the trace stashes its
   gradient; the first ``decompress`` buckets them by the algorithm's plan. The whole model (with
   its ``dense_below`` bucket, if any) runs in one py_function with eager, blocking collectives
@@ -127,6 +130,7 @@ class SparseCompressor(FaceBase, Compressor):
         self._comm: HorovodTFComm | None = None
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step = _Step()
+        self._members: dict[str, tuple[str, ...]] = {}   # bucket -> its gradients' keys, if it packs them
         self._config_checked = self._layout_checked = False
 
     # --- Horovod's interface (trace time) -------------------------------------------------------
@@ -172,9 +176,8 @@ class SparseCompressor(FaceBase, Compressor):
         if self.algorithm.scope == TENSOR:
             built = trace.outputs = trace.outputs or []
             if ctx >= len(built):   # every gradient compressed since the last build, together
-                built += self._phased_graphs([(f"g{i}", [trace.stash[i]])
-                                              for i in range(len(built), len(trace.stash))])
-            out = built[ctx][0]
+                built += self._tensor_graphs(trace.stash[len(built):], len(built))
+            out = built[ctx]
         else:
             if trace.outputs is None:
                 trace.outputs = self._bucket_graphs(trace.stash)
@@ -273,6 +276,33 @@ class SparseCompressor(FaceBase, Compressor):
                 outputs[position[key]] = out
         return outputs
 
+    def _tensor_graphs(self, grads: list, first: int) -> list:
+        """Scope "tensor": the outputs of ``grads`` (the stash's from position ``first`` on), their
+        steps built as phased graphs. A method that packs per-tensor steps
+        (``Algorithm.packs_tensors``) takes the gradients of each dtype in one bucket, selecting
+        in each as in a bucket of its own: a step's cost in the graph and in the engine is per
+        bucket, and a bucket per gradient cost ResNet-18 a tenth of its step on loopback
+        (docs/architecture.md#tensorflow-face). Gradients under ``dense_below`` (averaged
+        densely) and empty ones keep buckets of their own, as does every gradient otherwise."""
+        packed, buckets = {}, []
+        for position, grad in enumerate(grads, start=first):
+            if self.algorithm.packable(grad.shape.num_elements()):
+                packed.setdefault(grad.dtype, []).append(position)
+            else:
+                buckets.append([position])
+        buckets += packed.values()
+        steps = []
+        for positions in buckets:
+            members = tuple(f"g{p}" for p in positions) if len(positions) > 1 else ()
+            key = f"{members[0]}-{members[-1]}" if members else f"g{positions[0]}"
+            self._members[key] = members
+            steps.append((key, [grads[p - first] for p in positions]))
+        outputs: list = [None] * len(grads)
+        for positions, outs in zip(buckets, self._phased_graphs(steps), strict=True):
+            for position, out in zip(positions, outs, strict=True):
+                outputs[position - first] = out
+        return outputs
+
     def _phases_known(self, buckets: list) -> bool:
         """Whether every bucket's phases are known before it runs (``Engine.schedule``), so that
         it can be built as a phased graph: not with ``dense_steps`` (the collectives change after
@@ -340,7 +370,8 @@ class SparseCompressor(FaceBase, Compressor):
             if not self._step.inflight:   # the first phase of a step's first tensor
                 self._follow_world()
                 self._step = _Step()
-            protocol = self._engine.step(key, Packed(specs, results), check_layout=False)
+            protocol = self._engine.step(key, Packed(specs, results), check_layout=False,
+                                         members=self._members.get(key, ()))
             self._step.inflight[key] = protocol
             sent = None
         else:

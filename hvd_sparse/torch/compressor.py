@@ -388,8 +388,10 @@ class SparseCompressor(FaceBase, Compressor):
 
     def _start(self, bucket: str) -> None:
         """Start the bucket's protocol (its collectives issued asynchronously)."""
-        tensors = [self._step.arrived[key] for key in self._members[bucket]]
-        self._running().start(bucket, self._ensure_engine().step(bucket, tensors))
+        keys = self._members[bucket]
+        tensors = [self._step.arrived[key] for key in keys]
+        members = self.algorithm.step_members(keys)
+        self._running().start(bucket, self._ensure_engine().step(bucket, tensors, members=members))
         self._step.started.add(bucket)
 
     def _make_plan(self) -> None:
@@ -402,7 +404,8 @@ class SparseCompressor(FaceBase, Compressor):
             keys = sorted(arrived, key=lambda k: (self._param_order.get(k, unknown), arrival[k]))
         else:
             keys = list(reversed(arrived))
-        plan = self.algorithm.plan(keys, [arrived[k].numel() for k in keys])
+        dtype_name = get_backend("torch").dtype_name
+        plan = self._plan(keys, [arrived[k].numel() for k in keys], [dtype_name(arrived[k]) for k in keys])
         members = {bucket: list(ks) for bucket, ks in plan}
         for bucket in self._step.started:
             if members.get(bucket) != self._members.get(bucket):

@@ -215,7 +215,8 @@ class SparseHookState(FaceBase):
         self._key_of = {id(param): name for _, name, param, _ in keyed}
         self._kept_params.extend(param for _, _, param, _ in keyed)
         keys = [name for _, name, _, _ in keyed]
-        plan = self.algorithm.plan(keys, [grad.numel() for _, _, _, grad in keyed])
+        plan = self._plan(keys, [grad.numel() for _, _, _, grad in keyed],
+                          [_DTYPE_NAME(grad) for _, _, _, grad in keyed])
         self._members = {bucket: list(members) for bucket, members in plan}
         self._bucket_of = {key: bucket for bucket, members in plan for key in members}
         layout = [(name, tuple(grad.shape), _DTYPE_NAME(grad)) for _, name, _, grad in keyed]
@@ -242,7 +243,8 @@ class SparseHookState(FaceBase):
             return
         step.started.update(ready)
         issued = time.perf_counter() - step.began
-        protocols = {b: engine.step(b, [step.grads[k] for k in self._members[b]], check_layout=False)
+        protocols = {b: engine.step(b, [step.grads[k] for k in self._members[b]], check_layout=False,
+                                    members=self.algorithm.step_members(self._members[b]))
                      for b in ready}
         results, errors = run_together(protocols, self._comm.execute)
         done = time.perf_counter() - step.began

@@ -101,3 +101,22 @@ def outcome(hvd, label: str, body) -> list:
     except Exception as error:
         mine = (type(error).__name__, re.sub(r"seen on rank \d+", "seen on rank R", str(error)))
     return hvd.allgather_object(mine, name=f"outcome.{label}")
+
+
+def by_tensor(buckets: dict) -> dict:
+    """A compressor's ``state_dict()["buckets"]`` with every bucket that packs per-tensor steps
+    (``members``) cut into its tensors' own entries (residual and velocity), keyed as a bucket
+    per tensor would be: what the per-tensor checks read."""
+    out = {}
+    for key, saved in buckets.items():
+        members = saved.get("members") or ()
+        if not members:
+            out[key] = saved
+            continue
+        sizes = [int(np.prod(shape, dtype=np.int64)) for shape in saved["shapes"]]
+        offsets = np.cumsum([0, *sizes])
+        for member, shape, lo, hi in zip(members, saved["shapes"], offsets[:-1], offsets[1:], strict=True):
+            out[member] = {"shapes": [shape], "step": saved["step"], "control": None,   # the bucket's
+                           "residual": saved["residual"][lo:hi],
+                           "momentum": None if saved["momentum"] is None else saved["momentum"][lo:hi]}
+    return out

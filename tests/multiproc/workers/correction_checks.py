@@ -154,7 +154,7 @@ def check_corrected_bucket(rank: int, step: int, algorithm, kind: str | None, g:
         return False
     if corrections.momentum:
         # DGC's authors keep the velocity where a bucket is sent whole (k = n)
-        whole = dense or (algorithm.name == "dgc" and new["control"]["k"] >= n)
+        whole = dense or (algorithm.name == "dgc" and algorithm.k(n, density) >= n)
         masked = corrections.momentum_masking and not whole
         check_momentum(new["momentum"], u_ref, sent[rank], masked, where)
     return True

@@ -15,7 +15,7 @@ from datetime import timedelta
 import numpy as np
 import torch
 import torch.distributed as dist
-from checks import check_identical
+from checks import by_tensor, check_identical
 from torch.nn.parallel import DistributedDataParallel
 
 import hvd_sparse.torch.ddp as ddp
@@ -94,12 +94,12 @@ def run(label: str, make_state: Callable, check: Check, *, steps: int = STEPS,
         y = torch.randint(0, 5, (12,), generator=generator)
         if step == nan_step and rank == 1:
             x[0, 0] = float("nan")
-        old = state.state_dict()["buckets"]
+        old = by_tensor(state.state_dict()["buckets"])
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(wrapped(x.to(dtype)).float(), y).backward()
         raw = gradients.take()
         applied = {n: p.grad for n, p in named}
-        new, stats = state.state_dict()["buckets"], state.stats()
+        new, stats = by_tensor(state.state_dict()["buckets"]), state.stats()
         for bucket, members in plan:
             check(step, bucket, flat(raw, members), flat(applied, members), old.get(bucket),
                   new[bucket], stats, f"{label} step {step} bucket {bucket}")

@@ -23,7 +23,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from baseline_checks import check_step, cleared, threshold_selection, topk_indices
-from checks import check_identical
+from checks import by_tensor, check_identical
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse import ConfigurationError, UnsupportedTensorError
@@ -98,11 +98,11 @@ def run_tape(label: str, compressor, check, *, dtype: str = "float32", steps_per
     for step, (x, y) in enumerate(batches(nan_step=nan_step)):
         if steps_per_epoch:
             compressor.set_epoch(step // steps_per_epoch)
-        old = compressor.state_dict()["buckets"]
+        old = by_tensor(compressor.state_dict()["buckets"])
         raw, applied = train_step(tf.constant(x), tf.constant(y))
         raw = [g.numpy().astype(np.float32) for g in raw]
         applied = [g.numpy().astype(np.float32) for g in applied]
-        new = compressor.state_dict()["buckets"]
+        new = by_tensor(compressor.state_dict()["buckets"])
         for key, members in groups:
             flat_raw = np.concatenate([raw[i].reshape(-1) for i in members])
             flat_applied = np.concatenate([applied[i].reshape(-1) for i in members])
@@ -122,7 +122,7 @@ def run_keras_bpps(label: str, compressor, density: float) -> None:
     model.compile(loss=LOSS, optimizer=optimizer)
     total, rounds = None, 0
     for step, (x, y) in enumerate(batches(2 * STEPS)):
-        old = compressor.state_dict()["buckets"]
+        old = by_tensor(compressor.state_dict()["buckets"])
         with tf.GradientTape() as tape:
             loss = LOSS(y, model(x, training=True))
         raw = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
@@ -134,7 +134,7 @@ def run_keras_bpps(label: str, compressor, density: float) -> None:
             assert compressor.stats()["step"] == rounds, (label, step, compressor.stats()["step"])
             assert all(np.array_equal(b, a) for b, a in zip(before, after, strict=True)), label
             continue
-        new = compressor.state_dict()["buckets"]
+        new = by_tensor(compressor.state_dict()["buckets"])
         check = check_topk(density)
         for i, (b, a) in enumerate(zip(before, after, strict=True)):
             applied = ((b - a) / learning_rate).reshape(-1)
@@ -186,13 +186,20 @@ def check_cleared():
     return check
 
 
-def check_dgc(density, momentum, warmup_epochs, steps_per_epoch):
+def check_dgc(density, momentum, warmup_epochs, steps_per_epoch, clip_norm=None):
+    """Momentum correction, clipping (each tensor's own norm, also when its step is packed with
+    others'), masking and the warm-up k, against a NumPy re-computation."""
     from tests.reference.dgc import dgc_density
 
     def check(step, raw, applied, old, new, label):
         u = np.zeros_like(raw) if old is None else old["momentum"]
         v = np.zeros_like(raw) if old is None else old["residual"]
-        u = u * np.float32(momentum) + raw
+        grad = raw
+        if clip_norm is not None:
+            norm = float(np.linalg.norm(raw.astype(np.float64)))
+            coefficient = clip_norm / math.sqrt(hvd.size()) / (norm + 1e-6)
+            grad = raw * np.float32(coefficient) if coefficient < 1 else raw
+        u = u * np.float32(momentum) + grad
         accs, residuals = gathered(label, v + u, new)
         sent = cleared(accs, residuals)
         k = math.ceil(raw.size * dgc_density(density, warmup_epochs, step // steps_per_epoch))
@@ -340,8 +347,8 @@ def main() -> None:
     run_tape("threshold/tensor/gather", hs.Threshold(threshold=0.02, scope="tensor", prefix="hs.th.t"),
              check_threshold(0.01, 0.02, "gather"))
     run_tape("gaussiank/tensor/gather", hs.GaussianK(0.1, prefix="hs.gk"), check_cleared())
-    run_tape("dgc/tensor/gather", hs.DGC(0.1, momentum=0.9, warmup_epochs=2, prefix="hs.dgc"),
-             check_dgc(0.1, 0.9, 2, 3), steps_per_epoch=3)
+    run_tape("dgc/tensor/gather", hs.DGC(0.1, momentum=0.9, clip_norm=0.1, warmup_epochs=2, prefix="hs.dgc"),
+             check_dgc(0.1, 0.9, 2, 3, clip_norm=0.1), steps_per_epoch=3)
     run_tape("topk/bfloat16", hs.TopK(0.1, prefix="hs.bf16"), check_bfloat16(0.1), dtype="bfloat16")
     run_tape("topk/nan-skip", hs.TopK(0.1, prefix="hs.nan"), check_topk(0.1), nan_step=3)
     run_keras_bpps("keras/topk/bpps2", hs.TopK(0.1, prefix="hs.bpps"), 0.1)

@@ -51,3 +51,5 @@ def batches(steps: int, rank_scaled: bool = False):
         if rank_scaled:
             x *= 1 + hvd.rank()
         yield x, rng.integers(0, 5, 12).astype(np.int32)
+
+

@@ -34,7 +34,7 @@ import warnings
 
 import numpy as np
 import tensorflow as tf
-from checks import check_identical
+from checks import by_tensor, check_identical
 from correction_checks import check_corrected_bucket, check_raised, target_density
 from tf_common import LOSS, allgather_rows, hvd
 from tf_common import make_model as _make_model
@@ -127,9 +127,9 @@ def run(label: str, method: str, options: dict, kind: str | None) -> None:
     plan = [(bucket, [keys.index(m) for m in members]) for bucket, members in algorithm.plan(keys, sizes)]
     step_fn = train_step(model, compressor)
     for step, (x, y) in enumerate(batches(nan_step=NAN_STEP.get(label))):
-        old = compressor.state_dict()["buckets"]
+        old = by_tensor(compressor.state_dict()["buckets"])
         raw, applied = step_fn(x, y, tf.constant(0.0))
-        new = compressor.state_dict()["buckets"]
+        new = by_tensor(compressor.state_dict()["buckets"])
         assert sorted(new) == sorted(b for b, _ in plan), (label, sorted(new), plan)
         density = target_density(DENSITY, corrections.dense_steps, corrections.warmup_steps, step)
         reported = compressor.stats()["density_target"]
@@ -179,7 +179,7 @@ def resume() -> None:
         step_fn(x, y, tf.constant(0.0))
     saved = pickle.dumps((compressor.state_dict(), model.get_weights()))
     straight = [flat(step_fn(x, y, tf.constant(0.0))[1], range(6)) for x, y in data[first:]]
-    end = compressor.state_dict()["buckets"]
+    end = by_tensor(compressor.state_dict()["buckets"])
 
     model = make_model()
     state, weights = pickle.loads(saved)
@@ -190,7 +190,7 @@ def resume() -> None:
     resumed = [flat(step_fn(x, y, tf.constant(0.0))[1], range(6)) for x, y in data[first:]]
     for step, (a, b) in enumerate(zip(straight, resumed, strict=True)):
         np.testing.assert_array_equal(b, a, err_msg=f"resume: step {first + step} differs")
-    again = compressor.state_dict()["buckets"]
+    again = by_tensor(compressor.state_dict()["buckets"])
     assert sorted(again) == sorted(end) == ["dense_below", "model"], sorted(again)
     for key, bucket in end.items():
         assert again[key]["step"] == bucket["step"] == STEPS, key
@@ -215,14 +215,14 @@ def nonfinite_raise() -> None:
     raised = 0
     for step, (x, y) in enumerate(batches(6)):
         poison = tf.constant(np.nan if step == 2 and hvd.rank() == 1 else 0.0)
-        before = compressor.state_dict()["buckets"]
+        before = by_tensor(compressor.state_dict()["buckets"])
         try:
             step_fn(x, y, poison)
         except tf.errors.OpError as error:
             assert "applied nowhere" in str(error), error
             raised += 1
             raws = {bucket: flat(keep, members) for bucket, members in plan}
-            check_raised(before, compressor.state_dict()["buckets"], raws, corrections.momentum,
+            check_raised(before, by_tensor(compressor.state_dict()["buckets"]), raws, corrections.momentum,
                          corrections.nesterov, f"nonfinite/exdyna step {step}")
     assert raised == 1, raised
     assert compressor.stats()["step"] == 5, compressor.stats()["step"]

@@ -78,6 +78,7 @@ def nonfinite(rank: int) -> None:
         compression = make(0.1, nonfinite="raise", prefix=f"nf.{label}")
         raised = train(model, compression, 6, nan_at=2)
         assert raised == 1, f"{label}: raised {raised} times"
+        assert len(compression.state_dict()["buckets"]) == 1, label   # TopK: its steps packed
         weights = np.concatenate([v.numpy().ravel() for v in model.trainable_variables])
         everyone = hvd.allgather_object((weights.tobytes(), compression.stats()["step"]), name=f"nf.{label}")
         assert all(e == everyone[0] for e in everyone), f"{label}: ranks differ after the raised step"

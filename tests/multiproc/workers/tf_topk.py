@@ -16,7 +16,7 @@ os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from checks import check_identical, check_topk_step
+from checks import by_tensor, check_identical, check_topk_step
 from tf_common import LOSS, allgather_rows, make_model
 from tf_common import batches as _batches
 
@@ -73,9 +73,9 @@ def run_tape(scope: str, pattern: str, graph: bool, stock: bool = False) -> None
 
     step_fn = tf.function(train_step) if graph else train_step
     for step, (x, y) in enumerate(batches()):
-        old = compressor.state_dict()["buckets"]
+        old = by_tensor(compressor.state_dict()["buckets"])
         raw, applied = step_fn(tf.constant(x), tf.constant(y))
-        check_buckets(label, step, scope, old, compressor.state_dict()["buckets"],
+        check_buckets(label, step, scope, old, by_tensor(compressor.state_dict()["buckets"]),
                       [g.numpy() for g in raw], [g.numpy() for g in applied])
     finish(label, model, compressor)
 
@@ -88,7 +88,7 @@ def run_keras(scope: str, pattern: str) -> None:
     optimizer = hs_keras.DistributedOptimizer(tf.keras.optimizers.SGD(learning_rate), compressor)
     model.compile(loss=LOSS, optimizer=optimizer)
     for step, (x, y) in enumerate(batches()):
-        old = compressor.state_dict()["buckets"]
+        old = by_tensor(compressor.state_dict()["buckets"])
         with tf.GradientTape() as tape:
             loss = LOSS(y, model(x, training=True))
         raw = [g.numpy() for g in tape.gradient(loss, model.trainable_variables)]
@@ -96,7 +96,7 @@ def run_keras(scope: str, pattern: str) -> None:
         model.train_on_batch(x, y)
         applied = [(b - v.numpy()) / learning_rate
                    for b, v in zip(before, model.trainable_variables, strict=True)]
-        check_buckets(label, step, scope, old, compressor.state_dict()["buckets"], raw, applied,
+        check_buckets(label, step, scope, old, by_tensor(compressor.state_dict()["buckets"]), raw, applied,
                       exact=False)
     finish(label, model, compressor)
 

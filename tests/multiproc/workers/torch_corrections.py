@@ -35,7 +35,7 @@ import warnings
 import horovod.torch as hvd
 import numpy as np
 import torch
-from checks import check_identical
+from checks import by_tensor, check_identical
 from correction_checks import check_corrected_bucket, check_raised, target_density
 from torch_common import RawGradients, allgather_rows
 
@@ -120,13 +120,13 @@ def run(label: str, method: str, options: dict, kind: str | None) -> None:
     gradients = RawGradients(named)
     nan_step = NAN_STEP.get(label)
     for step, (x, y) in enumerate(batches(STEPS, nan_step)):
-        old = compressor.state_dict()["buckets"]
+        old = by_tensor(compressor.state_dict()["buckets"])
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         raw = gradients.take()
         optimizer.step()
         applied = {n: p.grad.detach().clone() for n, p in named}
-        new = compressor.state_dict()["buckets"]
+        new = by_tensor(compressor.state_dict()["buckets"])
         assert sorted(new) == sorted(b for b, _ in plan), (label, sorted(new), plan)
         density = target_density(DENSITY, corrections.dense_steps, corrections.warmup_steps, step)
         reported = compressor.stats()["density_target"]
@@ -218,7 +218,7 @@ def nonfinite_raise(label: str, method: str, options: dict) -> None:
     raised = 0
     for step, (x, y) in enumerate(batches(6)):
         poison["on"] = step == 2 and hvd.rank() == 1
-        before = compressor.state_dict()["buckets"]
+        before = by_tensor(compressor.state_dict()["buckets"])
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         raw = gradients.take()
@@ -228,7 +228,7 @@ def nonfinite_raise(label: str, method: str, options: dict) -> None:
             assert "applied nowhere" in str(error), error
             raised += 1
             raws = {bucket: flat(raw, members) for bucket, members in plan}
-            check_raised(before, compressor.state_dict()["buckets"], raws, corrections.momentum,
+            check_raised(before, by_tensor(compressor.state_dict()["buckets"]), raws, corrections.momentum,
                          corrections.nesterov, f"nonfinite/{label} step {step}")
             optimizer.load_state_dict(optimizer.state_dict())   # docs/usage.md#non-finite-gradients
     assert raised == 1, (label, raised)

@@ -14,7 +14,8 @@ parts, each printing ``CHECKED <part>/<case> rank=<r>`` per case that holds on t
 * ``nonfinite``: nonfinite="raise", a NaN on rank 1 at one step; every rank raises, recovers as
   docs/usage.md#non-finite-gradients says, trains on, and ends with identical weights.
 * ``die <method> <kill|exit>`` (alone): rank 1 dies at step 20 (SIGKILL, or sys.exit); every
-  survivor must end with an error (``SURVIVOR_ERROR``), not hang and not finish.
+  survivor must end with an error (``SURVIVOR_ERROR``) or be ended by the launcher, not hang and
+  not finish.
 
 A job that passes prints ``PASSED rank=<r> size=<N>`` on every rank.
 """
@@ -191,8 +192,13 @@ def late_after_compress(compression, param, flags: dict) -> None:
 
 
 def nonfinite(size: int, rank: int) -> None:
-    """A NaN on rank 1 at step 2 (in one tensor only: the other buckets finish their step)."""
-    for label, make in (("exdyna", hs.ExDyna), ("topk-tensor", hs.TopK)):
+    """A NaN on rank 1 at step 2 (in one tensor only: the other buckets finish their step). Per
+    tensor, TopK packs 0.weight, 0.bias and 1.weight into one bucket, which raises; 1.bias, under
+    ``dense_below``, has a bucket of its own, which finishes and takes its step back."""
+    def topk(density, **options):
+        return hs.TopK(density, dense_below=5, **options)
+
+    for label, make in (("exdyna", hs.ExDyna), ("topk-tensor", topk)):
         model = mlp(8, 16, 4)
         hvd.broadcast_parameters(model.state_dict(), root_rank=0)
         named = list(model.named_parameters())
@@ -216,6 +222,8 @@ def nonfinite(size: int, rank: int) -> None:
                 # The recovery docs/usage.md#non-finite-gradients gives: reset Horovod's per-step bookkeeping.
                 optimizer.load_state_dict(optimizer.state_dict())
         assert raised == 1, f"{label}: raised {raised} times"
+        if label == "topk-tensor":
+            assert set(compression.state_dict()["buckets"]) == {"0.weight-1.weight", "1.bias"}
         digests = hvd.allgather_object(
             (b"".join(p.detach().numpy().tobytes() for p in model.parameters()),
              compression.stats()["step"]), name=f"nf.{label}.end")

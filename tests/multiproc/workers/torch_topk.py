@@ -14,7 +14,7 @@ import sys
 import horovod.torch as hvd
 import numpy as np
 import torch
-from checks import check_identical, check_topk_step
+from checks import by_tensor, check_identical, check_topk_step
 from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse
@@ -43,13 +43,13 @@ def run(scope: str, pattern: str, via_registry: bool) -> None:
     for step in range(STEPS):
         x = torch.randn(12, 16, generator=generator)
         y = torch.randint(0, 5, (12,), generator=generator)
-        old = compressor.state_dict()["buckets"]
+        old = by_tensor(compressor.state_dict()["buckets"])
         optimizer.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         raw = gradients.take()
         optimizer.step()
         applied = {n: p.grad.detach().clone() for n, p in named}
-        new = compressor.state_dict()["buckets"]
+        new = by_tensor(compressor.state_dict()["buckets"])
         for key, names in buckets:
             flat_raw = torch.cat([raw[n].reshape(-1) for n in names]).numpy()
             acc = flat_raw + (old[key]["residual"] if key in old else 0)

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 import hvd_sparse
 from hvd_sparse import ConfigurationError, UnsupportedTensorError, algorithms
 from hvd_sparse.monitor import StatsLogger
+from tests.multiproc.workers.checks import by_tensor
 from tests.unit.single_rank import single_rank_group
 
 ddp = pytest.importorskip("hvd_sparse.torch.ddp")
@@ -72,12 +73,19 @@ def test_every_method_has_a_state_class_and_create_builds_it():
     assert "hook" in ddp.__all__ and "ExDyna" in ddp.__all__
 
 
-def test_per_tensor_topk_applies_the_selection_and_keeps_the_rest_exactly():
+@pytest.mark.parametrize("packed", [True, False])
+def test_per_tensor_topk_applies_the_selection_and_keeps_the_rest_exactly(packed):
+    """Per-tensor TopK packs the model's four tensors into one engine bucket spanning several DDP
+    buckets (``Algorithm.pack``), or, unpacked, takes a bucket per parameter: the same selection."""
     model = make_model()
     state = ddp.TopK(density=0.1, named_parameters=model.named_parameters())
+    state.algorithm.packs_tensors = packed
+    names = [n for n, _ in model.named_parameters()]
+    buckets = {"0.weight-2.bias"} if packed else set(names)
 
     def check(step, raw, applied, old, new):
-        assert set(new) == {n for n, _ in model.named_parameters()}   # buckets by parameter name
+        assert set(new) == buckets   # buckets by parameter name
+        old, new = by_tensor(old), by_tensor(new)
         for name, grad in raw.items():
             acc = grad.reshape(-1).numpy() + (old[name]["residual"] if name in old else 0)
             k = max(1, int(0.1 * acc.size))
@@ -89,10 +97,10 @@ def test_per_tensor_topk_applies_the_selection_and_keeps_the_rest_exactly():
 
     train(model, state, 6, bucket_cap_mb=0.001, check=check)   # several DDP buckets after step 0
     stats = state.stats()
-    assert stats["step"] == 6 and stats["world_size"] == 1 and stats["buckets"] == 4
+    assert stats["step"] == 6 and stats["world_size"] == 1 and stats["buckets"] == len(buckets)
     assert stats["comm_wait_seconds"] >= 0 and stats["comm_inflight_seconds"] >= 0
     timeline = state.communication_timeline()
-    assert set(timeline) == {"0.weight", "0.bias", "2.weight", "2.bias", "step"}
+    assert set(timeline) == buckets | {"step"}
     assert all(0 <= issued <= done for issued, done in timeline.values())
 
 
