@@ -35,7 +35,15 @@ import sys
 import time
 from typing import Any
 
-from bench_e2e_worker import STAT_KEYS, agree_on_rank0, bandwidth_probe, block_order, settle, visit_stats
+from bench_e2e_worker import (
+    STAT_KEYS,
+    agree_on_rank0,
+    bandwidth_probe,
+    block_order,
+    method_options,
+    settle,
+    visit_stats,
+)
 from bench_e2e_worker import known as known_shared
 from bench_e2e_worker import resolve as resolve_shared
 from e2e_models import MODELS, build, describe
@@ -123,8 +131,10 @@ class Trainer:
             def distribute(tape):
                 return tape
         else:
-            self.compression = hs.SparseCompressor(
-                hvd_sparse.create(method, density=args.density, **self.options))
+            options, packs = method_options(self.options)
+            algorithm = hvd_sparse.create(method, density=args.density, **options)
+            algorithm.packs_tensors &= packs
+            self.compression = hs.SparseCompressor(algorithm)
 
             def distribute(tape):
                 return hs.DistributedGradientTape(tape, self.compression)

@@ -48,7 +48,12 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "gaussiank": ("gaussiank", {}),
     "dgc": ("dgc", {}),
     "local": ("local", {}),
+    # TopK and DGC per tensor in a bucket per gradient, as before PyTorch packed their steps
+    # (``Algorithm.pack``): the same decisions at each bucket's own per-step cost.
+    "topk-unpacked": ("topk", {"packs_tensors": False}),
+    "dgc-unpacked": ("dgc", {"packs_tensors": False}),
 }
+UNPACKED = "-unpacked"
 # "<method>+corr": the method with the recommended corrections (corrections.RECOMMENDED) in their
 # steady state: the momentum correction and dense small tensors; the warm-up's steps, denser
 # than the rest, are left out (time_to_accuracy.py charges them at dense's step time).
@@ -70,6 +75,13 @@ def resolve(config: str) -> tuple[str, dict, str]:
     if base != config and method in ("horovod", "local"):
         raise KeyError(config)
     return method, options, "off" if base != config else "auto"
+
+
+def method_options(options: dict) -> tuple[dict, bool]:
+    """A configuration's options for the method, and whether it may pack per-tensor steps (set on
+    the instance, ``algorithm.packs_tensors &= packs``: the class's flag is every instance's)."""
+    options = dict(options)
+    return options, options.pop("packs_tensors", True)
 
 
 def known(config: str, resolver: Any = None) -> bool:
@@ -307,10 +319,12 @@ class Trainer:
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
                                                  compression=self.timing)
         elif method != "local":
+            options, packs = method_options(options)
             self.compressor = hvd_sparse.create(method, framework="torch", density=args.density,
                                                 named_parameters=named,
                                                 prefix=f"e2e.{config.replace('@', '-')}.{tag}",
                                                 **options)
+            self.compressor.algorithm.packs_tensors &= packs
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
                                                  compression=self.compressor)
             self.timing = self.compressor
