@@ -208,31 +208,36 @@ class Algorithm:
         return self.tensor_packing and numel > 0 and not self.corrections.is_dense_tensor(numel)
 
     def pack(self, plan: list[tuple[str, list[str]]], sizes: dict[str, int], dtypes: dict[str, str],
-             limit: int) -> list[tuple[str, list[str]]]:
-        """``plan`` with each run of consecutive packable one-tensor buckets of one dtype packed
-        into buckets of at most ``limit`` entries (a tensor larger alone), named by their first
-        and last member; other buckets as they were. The packed step makes the decisions of the
-        buckets it replaces (``tensor_segments``) at one bucket's per-step cost."""
+             limit: int | None = None) -> list[tuple[str, list[str]]]:
+        """``plan`` with its packable one-tensor buckets packed, per dtype in plan order, into
+        buckets of at most ``limit`` entries (None: no limit; a larger tensor alone), each named
+        by its first and last member and placed where it closes; other buckets as they were.
+        Runs go on past the buckets they do not take (``dense_below`` tensors sit between the
+        layers' weights). The packed step makes the decisions of the buckets it replaces
+        (``tensor_segments``) at one bucket's per-step cost."""
         packed: list[tuple[str, list[str]]] = []
-        run: list[str] = []
-        entries = 0   # in the run
+        runs: dict[str, list[str]] = {}   # dtype -> the open run
+        entries: dict[str, int] = {}
 
-        def close_run() -> None:
+        def close(dtype: str) -> None:
+            run = runs.pop(dtype, [])
             if run:
-                packed.append((f"{run[0]}-{run[-1]}" if len(run) > 1 else run[0], list(run)))
-            run.clear()
+                packed.append((f"{run[0]}-{run[-1]}" if len(run) > 1 else run[0], run))
 
         for bucket, members in plan:
             key = members[0] if len(members) == 1 and bucket == members[0] else None
             if key is None or not self.packable(sizes[key]):
-                close_run()
                 packed.append((bucket, members))
                 continue
-            if run and (dtypes[run[0]] != dtypes[key] or entries + sizes[key] > limit):
-                close_run()
-            entries = (entries if run else 0) + sizes[key]
-            run.append(key)
-        close_run()
+            dtype = dtypes[key]
+            if dtype in runs and limit is not None and entries[dtype] + sizes[key] > limit:
+                close(dtype)
+            if dtype not in runs:
+                runs[dtype], entries[dtype] = [], 0
+            runs[dtype].append(key)
+            entries[dtype] += sizes[key]
+        for dtype in list(runs):
+            close(dtype)
         return packed
 
     def step_members(self, members: list[str]) -> tuple[str, ...]:

@@ -279,29 +279,26 @@ class SparseCompressor(FaceBase, Compressor):
     def _tensor_graphs(self, grads: list, first: int) -> list:
         """Scope "tensor": the outputs of ``grads`` (the stash's from position ``first`` on), their
         steps built as phased graphs. A method that packs per-tensor steps
-        (``Algorithm.packs_tensors``) takes the gradients of each dtype in one bucket, selecting
-        in each as in a bucket of its own: a step's cost in the graph and in the engine is per
-        bucket, and a bucket per gradient cost ResNet-18 a tenth of its step on loopback
-        (docs/architecture.md#tensorflow-face). Gradients under ``dense_below`` (averaged
-        densely) and empty ones keep buckets of their own, as does every gradient otherwise."""
-        packed, buckets = {}, []
-        for position, grad in enumerate(grads, start=first):
-            if self.algorithm.packable(grad.shape.num_elements()):
-                packed.setdefault(grad.dtype, []).append(position)
-            else:
-                buckets.append([position])
-        buckets += packed.values()
-        steps = []
-        for positions in buckets:
-            members = tuple(f"g{p}" for p in positions) if len(positions) > 1 else ()
-            key = f"{members[0]}-{members[-1]}" if members else f"g{positions[0]}"
-            self._members[key] = members
-            steps.append((key, [grads[p - first] for p in positions]))
-        outputs: list = [None] * len(grads)
-        for positions, outs in zip(buckets, self._phased_graphs(steps), strict=True):
-            for position, out in zip(positions, outs, strict=True):
-                outputs[position - first] = out
-        return outputs
+        (``Algorithm.packs_tensors``) takes the gradients of each dtype in one bucket
+        (``Algorithm.pack`` without a limit), selecting in each as in a bucket of its own: a step's
+        cost in the graph and in the engine is per bucket, and a bucket per gradient cost
+        ResNet-18 a tenth of its step on loopback (docs/architecture.md#tensorflow-face).
+        Gradients under ``dense_below`` (averaged densely) and empty ones keep buckets of their
+        own, as does every gradient otherwise."""
+        keys = [f"g{p}" for p in range(first, first + len(grads))]
+        by_key = dict(zip(keys, grads, strict=True))
+        plan = self.algorithm.pack([(key, [key]) for key in keys],
+                                   {key: g.shape.num_elements() for key, g in by_key.items()},
+                                   {key: g.dtype.name for key, g in by_key.items()})
+        for bucket, members in plan:
+            self._members[bucket] = self.algorithm.step_members(members)
+        outputs = self._phased_graphs([(bucket, [by_key[k] for k in members]) for bucket, members in plan])
+        position = {key: i for i, key in enumerate(keys)}
+        result: list = [None] * len(grads)
+        for (_, members), outs in zip(plan, outputs, strict=True):
+            for key, out in zip(members, outs, strict=True):
+                result[position[key]] = out
+        return result
 
     def _phases_known(self, buckets: list) -> bool:
         """Whether every bucket's phases are known before it runs (``Engine.schedule``), so that

@@ -172,17 +172,18 @@ def check_skipped(old: dict | None, new: dict, label: str) -> None:
 
 
 def check_raised(before: dict, after: dict, raws: dict[str, np.ndarray], momentum: float, nesterov: bool,
-                 label: str) -> None:
+                 label: str, packed_with: dict[str, tuple[str, ...]] | None = None) -> None:
     """nonfinite="raise", on the step that raised: every bucket's step counter is as before the
     step (``Engine._keep_residual``, ``take_back``); where this rank's gradient was not finite its
     residual and velocity are as before, else it keeps everything accumulated, as if nothing had
     been sent: the old residual plus what was accumulated, and the velocity u' unmasked, bit for
-    bit. ``raws``: this rank's raw gradient of every bucket."""
+    bit. ``raws``: this rank's raw gradient of every bucket; ``packed_with``: the tensors of a
+    bucket packing per-tensor steps, by tensor (its step was finite only if all of theirs were)."""
     assert set(after) == set(before) == set(raws), (label, sorted(before), sorted(after), sorted(raws))
     for key, saved in before.items():
         now, where = after[key], f"{label} bucket {key}"
         assert now["step"] == saved["step"], (where, saved["step"], now["step"])
-        finite = bool(np.isfinite(raws[key]).all())
+        finite = all(np.isfinite(raws[m]).all() for m in (packed_with or {}).get(key, (key,)))
         acc, velocity = accumulated(raws[key], saved, momentum, nesterov) if finite else (None, None)
         expected_velocity = velocity if finite else saved["momentum"]
         if expected_velocity is None:

@@ -228,8 +228,11 @@ def nonfinite_raise(label: str, method: str, options: dict) -> None:
             assert "applied nowhere" in str(error), error
             raised += 1
             raws = {bucket: flat(raw, members) for bucket, members in plan}
-            check_raised(before, by_tensor(compressor.state_dict()["buckets"]), raws, corrections.momentum,
-                         corrections.nesterov, f"nonfinite/{label} step {step}")
+            buckets = compressor.state_dict()["buckets"]
+            packed_with = {m: saved["members"] for saved in buckets.values()
+                           for m in saved.get("members") or ()}
+            check_raised(before, by_tensor(buckets), raws, corrections.momentum, corrections.nesterov,
+                         f"nonfinite/{label} step {step}", packed_with)
             optimizer.load_state_dict(optimizer.state_dict())   # docs/usage.md#non-finite-gradients
     assert raised == 1, (label, raised)
     assert compressor.stats()["step"] == 5, compressor.stats()["step"]

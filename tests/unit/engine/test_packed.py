@@ -130,17 +130,21 @@ def test_a_method_that_cannot_pack_is_refused():
         LocalGroup(1).run([engine.step("all", [np.ones(4, np.float32)] * 2, members=("a",))])
 
 
-def test_pack_runs_consecutive_packable_tensors_up_to_the_limit():
-    """``Algorithm.pack``: runs of one dtype, split at the limit, a larger tensor alone; empty and
-    ``dense_below`` tensors, other dtypes and methods that cannot pack keep their buckets."""
+def test_pack_runs_packable_tensors_of_a_dtype_up_to_the_limit():
+    """``Algorithm.pack``: runs of one dtype, split at the limit, a larger tensor alone, going on
+    past the empty and ``dense_below`` tensors and other dtypes, which keep their buckets, as do
+    the tensors of methods that cannot pack; without a limit, one bucket per dtype."""
     keys = ["a", "b", "empty", "c", "d", "small", "e", "half", "f", "g"]
     sizes = dict(zip(keys, [30, 40, 0, 50, 200, 5, 60, 70, 20, 30], strict=True))
     dtypes = {k: "float16" if k == "half" else "float32" for k in keys}
     algorithm = TopK(0.1, dense_below=10)
     plan = algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes, limit=100)
-    assert plan == [("a-b", ["a", "b"]), ("empty", ["empty"]), ("c", ["c"]), ("d", ["d"]),
-                    ("small", ["small"]), ("e", ["e"]), ("half", ["half"]), ("f-g", ["f", "g"])]
-    assert [algorithm.step_members(m) for _, m in plan] == [("a", "b")] + [()] * 6 + [("f", "g")]
+    assert plan == [("empty", ["empty"]), ("a-b", ["a", "b"]), ("c", ["c"]), ("small", ["small"]),
+                    ("d", ["d"]), ("e-f", ["e", "f"]), ("half", ["half"]), ("g", ["g"])]
+    assert algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes) == [
+        ("empty", ["empty"]), ("small", ["small"]), ("a-g", ["a", "b", "c", "d", "e", "f", "g"]),
+        ("half", ["half"])]
+    assert [algorithm.step_members(m) for _, m in plan] == [(), ("a", "b"), (), (), (), ("e", "f"), (), ()]
     for unpackable in (TopK(0.1, scope="model"), Threshold(0.1)):
         unpacked = unpackable.plan(keys, [sizes[k] for k in keys])
         assert unpackable.pack(unpacked, sizes, dtypes, limit=100) == unpacked
