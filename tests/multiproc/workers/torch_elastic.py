@@ -59,10 +59,13 @@ def check_corrected(before: dict | None, after: dict, raw: dict, momentum: float
     """This process's per-tensor buckets after a step: where the residual changed, it was cleared
     to zero (sent) and the velocity with it; elsewhere residual and velocity are what the
     correction makes of the state before the step (``before``: None for a process without one).
-    Dense buckets (``dense_below``) send everything and keep the velocity."""
+    Dense buckets (``dense_below``) send everything and keep the velocity; a packed bucket (the
+    weights, which share one) is its members' raw gradients end to end."""
     for key, new in after.items():
         old = None if before is None else before.get(key)
-        acc, u = accumulated(raw[key].reshape(-1).numpy(), old, momentum, nesterov)
+        members = new.get("members") or [key]
+        gradient = np.concatenate([raw[m].reshape(-1).numpy() for m in members])
+        acc, u = accumulated(gradient, old, momentum, nesterov)
         sent = new["residual"] != acc
         assert not new["residual"][sent].any(), f"{key}: a residual entry neither kept nor sent"
         if acc.size < dense_below:
