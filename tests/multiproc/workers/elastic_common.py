@@ -19,9 +19,12 @@ same number of steps. ``--static`` runs the same steps without any change (the r
 
 from __future__ import annotations
 
+import argparse
+import faulthandler
 import os
 import signal
 import time
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 import numpy as np
@@ -30,6 +33,23 @@ GROW, KILL, SHRINK, END = 8, 16, 24, 32
 COMMIT_EVERY = 3
 VICTIM_HOST = "127.0.0.1"
 N_IN, N_HIDDEN, N_OUT = 16, 24, 4
+_STACK_FILES = []   # open for the process's life: faulthandler writes into them on SIGUSR1
+
+
+def job_arguments(methods: Iterable[str], *flags: tuple[str, str]) -> argparse.Namespace:
+    """The worker's command line: --dir (the job's folder), --methods (default: every one the
+    worker knows), --static (the same steps without a world change), and ``flags`` (name, help)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--dir", required=True)
+    parser.add_argument("--methods", default=",".join(methods))
+    parser.add_argument("--static", action="store_true")
+    for flag, text in flags:
+        parser.add_argument(flag, action="store_true", help=text)
+    args = parser.parse_args()
+    stacks = open(f"{args.dir}/stacks.{os.getpid()}", "w")  # noqa: SIM115  (see _STACK_FILES)
+    _STACK_FILES.append(stacks)
+    faulthandler.register(signal.SIGUSR1, file=stacks)   # stacks on demand, should a job ever hang
+    return args
 
 
 def hosts_file(directory: str) -> Path:
@@ -104,6 +124,42 @@ def check_step(name: str, rows: np.ndarray, size: int, exclusive: bool) -> None:
         assert np.all(facts[:, 2] == facts[:, 3]), \
             f"{name}: union {facts[:, 2]} != sum of counts {facts[:, 3]}"
         assert np.all(facts[:, 4] == size), f"{name}: {facts[:, 4]} counts for {size} ranks"
+
+
+class Sizes(list):
+    """The world sizes a job went through, in order."""
+
+    def is_new(self, size: int) -> bool:
+        return not self or self[-1] != size
+
+    def note(self, size: int) -> None:
+        if self.is_new(size):
+            self.append(size)
+
+
+def check_method(method: str, weights: np.ndarray, stats: dict, allgather: Callable, step: int,
+                 size: int, rank: int, exclusive: bool, announce: bool, checked: bool = True) -> None:
+    """After a step: every rank's weight digest and stats facts (``allgather(row, name)`` -> the
+    rows by rank) pass ``check_step`` (unless not ``checked``); rank 0 prints CHECKED at the first
+    step of a world size (``announce``)."""
+    flat = weights.astype(np.float64)
+    row = np.array([flat.sum(), (flat * flat).sum(), *stat_facts(stats)])
+    rows = allgather(row, f"check.{method}")
+    if checked:
+        check_step(method, rows, size, exclusive)
+    if rank == 0 and announce:
+        print(f"CHECKED {method} size={size} step={step} {elastic_facts(stats)}", flush=True)
+
+
+def report_final(method: str, loss: float, step: int, stats: dict) -> None:
+    """The line test_horovod_elastic.py compares with the static run's."""
+    print(f"FINAL {method} loss={loss:.5f} step={step} world_size={stats.get('world_size')} "
+          f"{elastic_facts(stats)}", flush=True)
+
+
+def elastic_facts(stats: dict) -> str:
+    return (f"resets={stats.get('elastic_resets')} departed={stats.get('departed_ranks')} "
+            f"departed_norm={stats.get('departed_residual_norm')}")
 
 
 def stat_facts(stats: dict) -> list[float]:

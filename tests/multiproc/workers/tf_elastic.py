@@ -4,10 +4,7 @@ in one hvd_sparse.tensorflow.elastic.TensorFlowKerasState, steps in tf.function.
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
 import os
-import signal
 import types
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -20,16 +17,18 @@ from elastic_common import (
     N_HIDDEN,
     N_IN,
     N_OUT,
-    check_step,
+    Sizes,
+    check_method,
     data,
     die,
     eval_data,
     is_victim,
-    stat_facts,
+    job_arguments,
+    report_final,
     wait_a_little,
     world_change_due,
 )
-from tf_common import LOSS, tape_step
+from tf_common import LOSS, allgather_rows, tape_step
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse.tensorflow.elastic import TensorFlowKerasState, TensorFlowState, run
@@ -70,28 +69,33 @@ def error_surfaces() -> None:
     print(f"OUTCOME {outcome}", flush=True)
 
 
-def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be rerun)
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--static", action="store_true")
-    parser.add_argument("--fail", action="store_true", help="only check that an error surfaces")
-    args = parser.parse_args()
-    stacks = open(f"{args.dir}/stacks.{os.getpid()}", "w")  # noqa: SIM115  (open for the process's life)
-    faulthandler.register(signal.SIGUSR1, file=stacks)   # stacks on demand, should a job ever hang
+def train_every_method(parts: dict, step: int, victim: bool, directory: str) -> None:
+    """One step of every method on this rank's batch; the victim dies before the last one's step."""
+    for method, (_, _, train_step) in parts.items():
+        x, y = data(1, step, hvd.rank())
+        if victim and method == list(parts)[-1]:
+            die(directory)
+        try:
+            train_step(tf.constant(x), tf.constant(y))
+        except tf.errors.OpError as error:
+            print(f"STEP FAILED {method} {type(error).__name__}: {str(error.message)[:200]!r}", flush=True)
+            raise
+
+
+def main() -> None:
+    args = job_arguments(METHODS, ("--fail", "only check that an error surfaces"))
     hvd.init()
     if args.fail:
         error_surfaces()
         return
-    methods = args.methods.split(",")
     optimizer = tf.keras.optimizers.SGD(0.5)   # no slots: one optimizer serves every model
-    parts = {method: make_part(method, optimizer) for method in methods}
+    parts = {method: make_part(method, optimizer) for method in args.methods.split(",")}
     # The documented line; here the "model" is every method's variables (an object with
     # .variables is all Horovod's state needs), and compression a list.
     models = types.SimpleNamespace(variables=[v for model, _, _ in parts.values() for v in model.variables])
     optimizer.build([v for model, _, _ in parts.values() for v in model.trainable_variables])
     state = TensorFlowKerasState(models, optimizer, compression=[c for _, c, _ in parts.values()], step=0)
-    seen_sizes = []
+    sizes = Sizes()
 
     @run   # hvd.elastic.run, recovering from a failed grouped allreduce too
     def train(state):
@@ -101,29 +105,14 @@ def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be 
                 state.commit()
                 wait_a_little()
                 continue
-            for method, (_, _, train_step) in parts.items():
-                x, y = data(1, state.step, rank)
-                if method == methods[-1] and is_victim(state.step, size, args.static):
-                    die(args.dir)
-                try:
-                    train_step(tf.constant(x), tf.constant(y))
-                except tf.errors.OpError as error:
-                    print(f"STEP FAILED {method} {type(error).__name__}: {str(error.message)[:200]!r}",
-                          flush=True)
-                    raise
+            train_every_method(parts, state.step, is_victim(state.step, size, args.static), args.dir)
             for method, (model, compression, _) in parts.items():
-                flat = np.concatenate([v.numpy().ravel() for v in model.variables]).astype(np.float64)
+                weights = np.concatenate([v.numpy().ravel() for v in model.variables])
                 stats = compression.stats()
-                row = np.array([flat.sum(), (flat * flat).sum(), *stat_facts(stats)])
-                rows = hvd.allgather(tf.constant(row[None]), name=f"check.{method}").numpy()
-                if size > 1 or stats["step"] > 0:   # TF skips the compressor at one rank
-                    check_step(method, rows, size, method in EXCLUSIVE and size > 1)
-                if rank == 0 and (not seen_sizes or seen_sizes[-1] != size):
-                    print(f"CHECKED {method} size={size} step={state.step} "
-                          f"resets={stats.get('elastic_resets')} departed={stats.get('departed_ranks')} "
-                          f"departed_norm={stats.get('departed_residual_norm')}", flush=True)
-            if not seen_sizes or seen_sizes[-1] != size:
-                seen_sizes.append(size)
+                check_method(method, weights, stats, allgather_rows, state.step, size, rank,
+                             method in EXCLUSIVE and size > 1, sizes.is_new(size),
+                             checked=size > 1 or stats["step"] > 0)   # TF skips the compressor at one rank
+            sizes.note(size)
             state.step += 1
             if state.step % COMMIT_EVERY == 0:
                 state.commit()
@@ -133,12 +122,8 @@ def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be 
     if hvd.rank() == 0:
         x, y = eval_data()
         for method, (model, compression, _) in parts.items():
-            loss = float(LOSS(y, model(x)))
-            stats = compression.stats()
-            print(f"FINAL {method} loss={loss:.5f} step={state.step} world_size={stats.get('world_size')} "
-                  f"resets={stats.get('elastic_resets')} departed={stats.get('departed_ranks')} "
-                  f"departed_norm={stats.get('departed_residual_norm')}", flush=True)
-    print(f"PASSED rank={hvd.rank()} size={hvd.size()} sizes={seen_sizes}", flush=True)
+            report_final(method, float(LOSS(y, model(x))), state.step, compression.stats())
+    print(f"PASSED rank={hvd.rank()} size={hvd.size()} sizes={sizes}", flush=True)
 
 
 if __name__ == "__main__":

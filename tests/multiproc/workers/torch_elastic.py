@@ -10,15 +10,11 @@ that dropped or mixed up a process's velocity or residual fails the job."""
 
 from __future__ import annotations
 
-import argparse
-import faulthandler
-import os
-import signal
-
 import horovod.torch as hvd
 import numpy as np
 import torch
 import torch.nn.functional as F
+from checks import by_tensor
 from correction_checks import accumulated
 from elastic_common import (
     COMMIT_EVERY,
@@ -26,16 +22,18 @@ from elastic_common import (
     N_HIDDEN,
     N_IN,
     N_OUT,
-    check_step,
+    Sizes,
+    check_method,
     data,
     die,
     eval_data,
     is_victim,
-    stat_facts,
+    job_arguments,
+    report_final,
     wait_a_little,
     world_change_due,
 )
-from torch_common import RawGradients
+from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse.torch as hs
 
@@ -59,13 +57,12 @@ def check_corrected(before: dict | None, after: dict, raw: dict, momentum: float
     """This process's per-tensor buckets after a step: where the residual changed, it was cleared
     to zero (sent) and the velocity with it; elsewhere residual and velocity are what the
     correction makes of the state before the step (``before``: None for a process without one).
-    Dense buckets (``dense_below``) send everything and keep the velocity; a packed bucket (the
-    weights, which share one) is its members' raw gradients end to end."""
+    Dense buckets (``dense_below``) send everything and keep the velocity. ``before`` and
+    ``after`` are per tensor (``by_tensor``: the weights share a packed bucket, the biases a dense
+    one)."""
     for key, new in after.items():
         old = None if before is None else before.get(key)
-        members = new.get("members") or [key]
-        gradient = np.concatenate([raw[m].reshape(-1).numpy() for m in members])
-        acc, u = accumulated(gradient, old, momentum, nesterov)
+        acc, u = accumulated(raw[key].reshape(-1).numpy(), old, momentum, nesterov)
         sent = new["residual"] != acc
         assert not new["residual"][sent].any(), f"{key}: a residual entry neither kept nor sent"
         if acc.size < dense_below:
@@ -76,16 +73,41 @@ def check_corrected(before: dict | None, after: dict, raw: dict, momentum: float
                                           err_msg=f"{key}: velocity not carried or not masked")
 
 
-def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be rerun)
-    parser = argparse.ArgumentParser()
-    parser.add_argument("--dir", required=True)
-    parser.add_argument("--methods", default=",".join(METHODS))
-    parser.add_argument("--static", action="store_true")
-    args = parser.parse_args()
-    methods = args.methods.split(",")
-    stacks = open(f"{args.dir}/stacks.{os.getpid()}", "w")  # noqa: SIM115  (open for the process's life)
-    faulthandler.register(signal.SIGUSR1, file=stacks)   # stacks on demand, should a job ever hang
-    hvd.init()
+class CorrectionWatch:
+    """The corrected method's compressor state in this process: before the coming step, and at its
+    last commit (what a reset continues from). After every step ``check`` replays the correction
+    from the raw gradient and the state before, so a reset that dropped or mixed up a process's
+    velocity or residual fails the job."""
+
+    def __init__(self, model: torch.nn.Module, compression) -> None:
+        self.compression = compression
+        self.gradients = RawGradients([(f"{CORRECTED}.{n}", p) for n, p in model.named_parameters()])
+        self.before: dict | None = None
+        self.committed: dict | None = None
+        self.resumed = True
+
+    def commit(self) -> None:
+        self.committed = by_tensor(self.compression.state_dict()["buckets"])
+
+    def restart(self) -> None:
+        """The start, a rollback or a reset: go on from the last commit's state."""
+        self.before, self.resumed = self.committed, True
+
+    def check(self, raw: dict, step: int) -> None:
+        after = by_tensor(self.compression.state_dict()["buckets"])
+        corrections = self.compression.algorithm.corrections
+        check_corrected(self.before, after, raw, corrections.momentum, corrections.nesterov,
+                        corrections.dense_below)
+        if self.resumed:   # the first step after the start or a reset: checked from there
+            origin = "nothing" if self.before is None else "its last commit"
+            print(f"CONTINUED {CORRECTED} size={hvd.size()} step={step} rank={hvd.rank()} from={origin}",
+                  flush=True)
+            self.resumed = False
+        self.before = after
+
+
+def make_parts(methods: list[str]) -> dict:
+    """method -> (model, optimizer, compressor), every model from the same initial weights."""
     torch.manual_seed(0)
     parts = {}
     for method in methods:
@@ -97,16 +119,43 @@ def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be 
             torch.optim.SGD(model.parameters(), lr=LEARNING_RATE.get(method, 0.5)),
             named_parameters=named, compression=compression)
         parts[method] = (model, optimizer, compression)
-    corrected = parts.get(CORRECTED)
-    gradients = None if corrected is None else RawGradients(
-        [(f"{CORRECTED}.{n}", p) for n, p in corrected[0].named_parameters()])
-    # This process's compressor state: before the coming step, and at its last commit (what a
-    # reset continues from).
-    kept = {"before": None, "commit": None}
+    return parts
+
+
+def train_every_method(parts: dict, step: int, watch: CorrectionWatch | None, victim: bool,
+                       directory: str) -> None:
+    """One step of every method on this rank's batch; the victim dies before the last one's update."""
+    rank = hvd.rank()
+    for method, (model, optimizer, _) in parts.items():
+        x, y = data(1, step, rank)
+        optimizer.zero_grad()
+        F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
+        raw = watch.gradients.take() if method == CORRECTED and watch is not None else None
+        if victim and method == list(parts)[-1]:
+            die(directory)
+        optimizer.step()
+        if raw is not None:
+            watch.check(raw, step)
+
+
+def evaluate(parts: dict) -> None:
+    x, y = eval_data()
+    for method, (model, _, compression) in parts.items():
+        with torch.no_grad():
+            loss = float(F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)))
+        stats = compression.stats()
+        report_final(method, loss, stats["step"], stats)
+
+
+def main() -> None:
+    args = job_arguments(METHODS)
+    hvd.init()
+    parts = make_parts(args.methods.split(","))
+    watch = CorrectionWatch(parts[CORRECTED][0], parts[CORRECTED][2]) if CORRECTED in parts else None
 
     def commit() -> None:
-        if corrected is not None:
-            kept["commit"] = corrected[2].state_dict()["buckets"]
+        if watch is not None:
+            watch.commit()
         state.commit()
     # The documented line, once per method: the compressor is one more keyword of TorchState.
     kwargs = {}
@@ -114,49 +163,24 @@ def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be 
         kwargs.update({f"compression_{method}": compression, f"model_{method}": model,
                        f"optimizer_{method}": optimizer})
     state = hvd.elastic.TorchState(step=0, **kwargs)
-    seen_sizes = []
+    sizes = Sizes()
 
     @hvd.elastic.run
     def train(state):
-        kept["before"] = kept["commit"]   # the start, a rollback or a reset: the last commit's state
-        resumed = corrected is not None
+        if watch is not None:
+            watch.restart()
         while state.step < END:
             size, rank = hvd.size(), hvd.rank()
             if world_change_due(state.step, size, args.dir, rank, args.static):
                 commit()   # raises HostsUpdatedInterrupt once Horovod has the new hosts
                 wait_a_little()
                 continue
-            for method, (model, optimizer, _) in parts.items():
-                x, y = data(1, state.step, rank)
-                optimizer.zero_grad()
-                F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)).backward()
-                raw = gradients.take() if method == CORRECTED else None
-                if method == methods[-1] and is_victim(state.step, size, args.static):
-                    die(args.dir)
-                optimizer.step()
-                if raw is not None:
-                    after = parts[method][2].state_dict()["buckets"]
-                    algorithm = parts[method][2].algorithm
-                    check_corrected(kept["before"], after, raw, algorithm.corrections.momentum,
-                                    algorithm.corrections.nesterov, algorithm.corrections.dense_below)
-                    if resumed:   # the first step after the start or a reset: checked from there
-                        print(f"CONTINUED {CORRECTED} size={size} step={state.step} rank={rank} from="
-                              f"{'nothing' if kept['before'] is None else 'its last commit'}", flush=True)
-                        resumed = False
-                    kept["before"] = after
+            train_every_method(parts, state.step, watch, is_victim(state.step, size, args.static), args.dir)
             for method, (model, _, compression) in parts.items():
-                flat = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).double()
-                stats = compression.stats()
-                row = np.array([float(flat.sum()), float((flat * flat).sum()), *stat_facts(stats)])
-                rows = hvd.allgather(torch.from_numpy(row)[None], name=f"check.{method}").numpy()
-                check_step(method, rows, size, method in EXCLUSIVE)
-                if rank == 0 and (not seen_sizes or seen_sizes[-1] != size):
-                    print(f"CHECKED {method} size={size} step={state.step} "
-                          f"resets={stats.get('elastic_resets')} "
-                          f"departed={stats.get('departed_ranks')} "
-                          f"departed_norm={stats.get('departed_residual_norm')}", flush=True)
-            if not seen_sizes or seen_sizes[-1] != size:
-                seen_sizes.append(size)
+                weights = torch.cat([p.detach().reshape(-1) for p in model.parameters()]).numpy()
+                check_method(method, weights, compression.stats(), allgather_rows, state.step, size, rank,
+                             method in EXCLUSIVE, sizes.is_new(size))
+            sizes.note(size)
             state.step += 1
             if state.step % COMMIT_EVERY == 0:
                 commit()
@@ -164,15 +188,8 @@ def main() -> None:  # noqa: C901  (pending: split once the elastic jobs can be 
 
     train(state)
     if hvd.rank() == 0:
-        x, y = eval_data()
-        for method, (model, _, compression) in parts.items():
-            with torch.no_grad():
-                loss = float(F.cross_entropy(model(torch.from_numpy(x)), torch.from_numpy(y)))
-            stats = compression.stats()
-            print(f"FINAL {method} loss={loss:.5f} step={stats['step']} world_size={stats.get('world_size')} "
-                  f"resets={stats.get('elastic_resets')} departed={stats.get('departed_ranks')} "
-                  f"departed_norm={stats.get('departed_residual_norm')}", flush=True)
-    print(f"PASSED rank={hvd.rank()} size={hvd.size()} sizes={seen_sizes}", flush=True)
+        evaluate(parts)
+    print(f"PASSED rank={hvd.rank()} size={hvd.size()} sizes={sizes}", flush=True)
 
 
 if __name__ == "__main__":
