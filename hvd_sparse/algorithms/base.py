@@ -204,7 +204,7 @@ class Algorithm:
 
     def packable(self, numel: int) -> bool:
         """Whether a tensor of ``numel`` entries may share a bucket of per-tensor steps (``tensor_packing``):
-        one neither empty nor averaged densely (``dense_below``), which keep buckets of their own."""
+        one neither empty nor averaged densely (``dense_below``), which ``pack`` bundles apart."""
         return self.tensor_packing and numel > 0 and not self.corrections.is_dense_tensor(numel)
 
     def pack(self, plan: list[tuple[str, list[str]]], sizes: dict[str, int], dtypes: dict[str, str],
@@ -212,31 +212,37 @@ class Algorithm:
         """``plan`` with its packable one-tensor buckets packed, per dtype in plan order, into
         buckets of at most ``limit`` entries (None: no limit; a larger tensor alone), each named
         by its first and last member and placed where it closes; other buckets as they were.
-        Runs go on past the buckets they do not take (``dense_below`` tensors sit between the
-        layers' weights). The packed step makes the decisions of the buckets it replaces
-        (``tensor_segments``) at one bucket's per-step cost."""
+        Runs go on past the buckets they do not take. The ``dense_below`` tensors of a dtype met
+        since its last run closed (they sit between the layers' weights) are bundled into a dense
+        bucket that closes with the run, right after it: one allreduce instead of one per tensor,
+        still started during the backward pass. The packed step makes the decisions of the buckets it
+        replaces (``tensor_segments``) at one bucket's per-step cost."""
         packed: list[tuple[str, list[str]]] = []
-        runs: dict[str, list[str]] = {}   # dtype -> the open run
+        runs: dict[str, list[str]] = {}     # dtype -> the open run
+        dense: dict[str, list[str]] = {}    # dtype -> the dense_below tensors met since it opened
         entries: dict[str, int] = {}
 
         def close(dtype: str) -> None:
-            run = runs.pop(dtype, [])
-            if run:
-                packed.append((f"{run[0]}-{run[-1]}" if len(run) > 1 else run[0], run))
+            for run in (runs.pop(dtype, []), dense.pop(dtype, [])):
+                if run:
+                    packed.append((f"{run[0]}-{run[-1]}" if len(run) > 1 else run[0], run))
 
         for bucket, members in plan:
             key = members[0] if len(members) == 1 and bucket == members[0] else None
-            if key is None or not self.packable(sizes[key]):
+            if key is None or not self.tensor_packing or sizes[key] == 0:
                 packed.append((bucket, members))
                 continue
             dtype = dtypes[key]
+            if not self.packable(sizes[key]):
+                dense.setdefault(dtype, []).append(key)
+                continue
             if dtype in runs and limit is not None and entries[dtype] + sizes[key] > limit:
                 close(dtype)
             if dtype not in runs:
                 runs[dtype], entries[dtype] = [], 0
             runs[dtype].append(key)
             entries[dtype] += sizes[key]
-        for dtype in list(runs):
+        for dtype in list({**runs, **dense}):
             close(dtype)
         return packed
 

@@ -28,6 +28,8 @@ METHODS = {
     "dgc-clip": lambda: DGC(0.01, clip_norm=3.0),   # clips the large tensors, not the small ones
     "randomk": lambda: RandomK(0.02, seed=5),
     "randomk-shared-momentum": lambda: RandomK(0.05, shared_seed=True, momentum=0.9),
+    # Every tensor under dense_below: the bundle pack() makes of them, averaged densely.
+    "topk-dense-below": lambda: TopK(0.02, momentum=0.9, nesterov=True, dense_below=4000),
 }
 
 
@@ -118,6 +120,44 @@ def test_checkpoints_move_between_packings(direction):
     assert not any(e._restored for e in resumed)   # every part taken
 
 
+def test_pack_bundles_the_dense_below_tensors_with_the_run_they_sit_in():
+    """Each dtype's ``dense_below`` tensors met since its last run closed form one dense bucket
+    that closes with the run, right after it."""
+    keys = ["w1", "b1", "w2", "b2", "w3", "b3", "hb"]
+    sizes = dict(zip(keys, [50, 5, 60, 5, 30, 4, 5], strict=True))
+    dtypes = {k: "float16" if k == "hb" else "float32" for k in keys}
+    algorithm = TopK(0.1, dense_below=10)
+    plan = algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes, limit=100)
+    assert plan == [("w1", ["w1"]), ("b1", ["b1"]), ("w2-w3", ["w2", "w3"]), ("b2-b3", ["b2", "b3"]),
+                    ("hb", ["hb"])]
+    assert [algorithm.step_members(m) for _, m in plan] == [(), (), ("w2", "w3"), ("b2", "b3"), ()]
+    assert algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes) == [
+        ("w1-w3", ["w1", "w2", "w3"]), ("b1-b3", ["b1", "b2", "b3"]), ("hb", ["hb"])]
+
+
+def test_a_dense_below_bundle_resumes_from_a_bucket_per_tensor():
+    """A checkpoint of a bucket per dense_below tensor (before bundling) resumes in the bundle:
+    the velocities carried over, the averages those of the run never moved."""
+    size, rng = 2, np.random.default_rng(7)
+    group = LocalGroup(size)
+    make = lambda: [Engine(METHODS["topk-dense-below"](), NP, r, size) for r in range(size)]  # noqa: E731
+    first, reference = make(), make()
+    for _ in range(3):
+        grads = gradients(rng, size)
+        per_tensor_step(group, first, grads)
+        per_tensor_step(group, reference, grads)
+    resumed = make()
+    for engine, old in zip(resumed, first, strict=True):
+        engine.load_state_dict(old.state_dict())
+    for _ in range(3):
+        grads = gradients(rng, size)
+        for e, g in zip(per_tensor_step(group, reference, grads), packed_step(group, resumed, grads),
+                        strict=True):
+            np.testing.assert_array_equal(g, e)
+    assert_same([state_of(e) for e in reference], [state_of(e, "all") for e in resumed])
+    assert resumed[0].buckets["all"].dense and not any(e._restored for e in resumed)
+
+
 def test_a_method_that_cannot_pack_is_refused():
     engine = Engine(Threshold(0.1, scope="tensor"), NP, 0, 1)
     with pytest.raises(ConfigurationError, match="only in buckets of its own"):
@@ -132,20 +172,21 @@ def test_a_method_that_cannot_pack_is_refused():
 
 def test_pack_runs_packable_tensors_of_a_dtype_up_to_the_limit():
     """``Algorithm.pack``: runs of one dtype, split at the limit, a larger tensor alone, going on
-    past the empty and ``dense_below`` tensors and other dtypes, which keep their buckets, as do
-    the tensors of methods that cannot pack; without a limit, one bucket per dtype."""
+    past the empty tensors and other dtypes, which keep their buckets, and the ``dense_below``
+    ones, which close with the run they sit in; the tensors of methods that cannot pack keep
+    theirs; without a limit, one bucket per dtype."""
     keys = ["a", "b", "empty", "c", "d", "small", "e", "half", "f", "g"]
     sizes = dict(zip(keys, [30, 40, 0, 50, 200, 5, 60, 70, 20, 30], strict=True))
     dtypes = {k: "float16" if k == "half" else "float32" for k in keys}
     algorithm = TopK(0.1, dense_below=10)
     plan = algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes, limit=100)
-    assert plan == [("empty", ["empty"]), ("a-b", ["a", "b"]), ("c", ["c"]), ("small", ["small"]),
-                    ("d", ["d"]), ("e-f", ["e", "f"]), ("half", ["half"]), ("g", ["g"])]
+    assert plan == [("empty", ["empty"]), ("a-b", ["a", "b"]), ("c", ["c"]), ("d", ["d"]),
+                    ("small", ["small"]), ("e-f", ["e", "f"]), ("half", ["half"]), ("g", ["g"])]
     assert algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes) == [
-        ("empty", ["empty"]), ("small", ["small"]), ("a-g", ["a", "b", "c", "d", "e", "f", "g"]),
+        ("empty", ["empty"]), ("a-g", ["a", "b", "c", "d", "e", "f", "g"]), ("small", ["small"]),
         ("half", ["half"])]
     assert [algorithm.step_members(m) for _, m in plan] == [(), ("a", "b"), (), (), (), ("e", "f"), (), ()]
-    for unpackable in (TopK(0.1, scope="model"), Threshold(0.1)):
+    for unpackable in (TopK(0.1, scope="model"), Threshold(0.1), TopK(0.1, dense_below=100, scope="model")):
         unpacked = unpackable.plan(keys, [sizes[k] for k in keys])
         assert unpackable.pack(unpacked, sizes, dtypes, limit=100) == unpacked
         assert all(unpackable.step_members(m) == () for _, m in unpacked)
