@@ -61,6 +61,9 @@ CORRECTED = ("exdyna-tracking", "micro", "deft", "lags", "topk", "dgc")
 STEADY_RECIPE = {key: value for key, value in RECOMMENDED.items() if key != "warmup_steps"}
 CONFIGS.update({f"{name}+corr": (CONFIGS[name][0], {**CONFIGS[name][1], **STEADY_RECIPE})
                 for name in CORRECTED})
+# ... and TopK's and DGC's with a bucket per tensor (packed: the dense_below tensors bundled too).
+CONFIGS.update({f"{name}+corr{UNPACKED}": (CONFIGS[name][0], {**STEADY_RECIPE, "packs_tensors": False})
+                for name in ("topk", "dgc")})
 
 # "<config>@ref": the same configuration with the kernels off (the reference path), so one job
 # measures what the kernels change, side by side with everything else.

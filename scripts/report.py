@@ -145,6 +145,15 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "the same method with a bucket per tensor, side by side. The Targets table's TopK and DGC "
      "rows for PyTorch read this run, the other methods' section 27. This machine computes "
      "ResNet-18 about 2.5 times slower than section 27's: dense's step 1049 ms against 411 ms)"),
+    ("e2e-models-corr-packed.md",
+     "End to end on ResNet-18 in PyTorch with the corrections: small tensors bundled densely",
+     "python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 64 "
+     "--configs dense,local,topk+corr,topk+corr-unpacked,dgc+corr,dgc+corr-unpacked --rounds 20 "
+     "--settle 600 --out bench/e2e-models-corr-packed (TopK and DGC with the recommended "
+     "corrections in their steady state: momentum correction and dense_below=1024. Packed, the "
+     "41 tensors under 1024 entries go in a dense bucket beside each of the 4 packed buckets, 8 "
+     "buckets in all, docs/architecture.md#pytorch-face; `-unpacked` takes a bucket per tensor, "
+     "62, side by side)"),
 ]
 
 
