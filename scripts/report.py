@@ -303,6 +303,14 @@ def relink_images(text: str, prefix: str) -> str:
     return re.sub(r"\]\((?!https?:|/)([^)/]+\.png)\)", lambda m: f"]({prefix}/{m.group(1)})", text)
 
 
+def command_text(command: str) -> str:
+    """A section's command as code, its closing parenthetical note (which may quote code) as prose."""
+    line, bracket, note = command.partition(" (")
+    if bracket and command.endswith(")"):
+        return f"`{line.rstrip()}` ({note}"
+    return f"`{command}`"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", default="bench")
@@ -323,7 +331,8 @@ def main() -> None:
     lines.append("")
     lines += cause_notes(rows)
     for number, (fragment, title, command) in enumerate(SECTIONS, start=1):
-        lines += [f"## {number}. {title}", "", f"Command (with `OMP_NUM_THREADS=1`): `{command}`", ""]
+        lines += [f"## {number}. {title}", "",
+                  f"Command (with `OMP_NUM_THREADS=1`): {command_text(command)}", ""]
         path = bench / fragment
         prefix = Path(os.path.relpath(path.parent, Path(args.out).resolve().parent)).as_posix()
         text = relink_images(path.read_text().strip(), prefix) if path.exists() else None

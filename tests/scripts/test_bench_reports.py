@@ -91,6 +91,8 @@ def test_report_groups_targets_and_explains_misses(tmp_path):
     assert "Padding waste" in notes and "End to end" in notes and "Perplexity" not in notes
     assert report.relink_images("![p](x.png) ![q](http://h/y.png)", "bench") == \
         "![p](bench/x.png) ![q](http://h/y.png)"
+    assert report.command_text("python a.py --out x (note on `b`)") == "`python a.py --out x` (note on `b`)"
+    assert report.command_text("python a.py (root); then b") == "`python a.py (root); then b`"
 
 
 def test_a_missed_momentum_floor_target_is_explained():
