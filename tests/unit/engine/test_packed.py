@@ -92,6 +92,25 @@ def test_packed_bucket_decides_as_a_bucket_per_tensor(method, size):
         assert packed[0].stats()["threshold"] == pytest.approx(alone[0].stats()["threshold"])
 
 
+def resume_and_compare(make, before, after, group, rng, steps: int = 3):
+    """Run two copies of ``make()`` for ``steps`` with ``before``; resume a third from the first's
+    checkpoint and run it with ``after`` beside the second (with ``before``) for ``steps`` more,
+    asserting equal averages. -> (the never-moved engines, the resumed ones)."""
+    first, reference = make(), make()
+    for _ in range(steps):
+        grads = gradients(rng, len(first))
+        before(group, first, grads)
+        before(group, reference, grads)
+    resumed = make()
+    for engine, old in zip(resumed, first, strict=True):
+        engine.load_state_dict(old.state_dict())
+    for _ in range(steps):
+        grads = gradients(rng, len(first))
+        for e, g in zip(before(group, reference, grads), after(group, resumed, grads), strict=True):
+            np.testing.assert_array_equal(g, e)
+    return reference, resumed
+
+
 @pytest.mark.parametrize("direction", ["into packed", "out of packed"])
 def test_checkpoints_move_between_packings(direction):
     """A checkpoint of buckets per tensor resumes in a packed bucket, and back: residuals,
@@ -102,18 +121,7 @@ def test_checkpoints_move_between_packings(direction):
     before, after = per_tensor_step, packed_step
     if direction == "out of packed":
         before, after = after, before
-    first, reference = make(), make()
-    for _ in range(3):
-        grads = gradients(rng, size)
-        before(group, first, grads)
-        before(group, reference, grads)
-    resumed = make()
-    for engine, old in zip(resumed, first, strict=True):
-        engine.load_state_dict(old.state_dict())
-    for _ in range(3):
-        grads = gradients(rng, size)
-        for e, g in zip(before(group, reference, grads), after(group, resumed, grads), strict=True):
-            np.testing.assert_array_equal(g, e)
+    reference, resumed = resume_and_compare(make, before, after, group, rng)
     packed, alone = (resumed, reference) if direction == "into packed" else (reference, resumed)
     assert_same([state_of(e) for e in alone], [state_of(e, "all") for e in packed])
     assert {b.step for e in resumed for b in e.buckets.values()} == {6}
@@ -141,19 +149,7 @@ def test_a_dense_below_bundle_resumes_from_a_bucket_per_tensor():
     size, rng = 2, np.random.default_rng(7)
     group = LocalGroup(size)
     make = lambda: [Engine(METHODS["topk-dense-below"](), NP, r, size) for r in range(size)]  # noqa: E731
-    first, reference = make(), make()
-    for _ in range(3):
-        grads = gradients(rng, size)
-        per_tensor_step(group, first, grads)
-        per_tensor_step(group, reference, grads)
-    resumed = make()
-    for engine, old in zip(resumed, first, strict=True):
-        engine.load_state_dict(old.state_dict())
-    for _ in range(3):
-        grads = gradients(rng, size)
-        for e, g in zip(per_tensor_step(group, reference, grads), packed_step(group, resumed, grads),
-                        strict=True):
-            np.testing.assert_array_equal(g, e)
+    reference, resumed = resume_and_compare(make, per_tensor_step, packed_step, group, rng)
     assert_same([state_of(e) for e in reference], [state_of(e, "all") for e in resumed])
     assert resumed[0].buckets["all"].dense and not any(e._restored for e in resumed)
 
