@@ -188,7 +188,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "select-tf/select.json", "fidelity.json", "convergence.json",
                  "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
                  "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models-dgc.json",
-                 "e2e-models-packed.json", "e2e-tf.json", "e2e-tf-models-packed.json",
+                 "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-tf.json",
+                 "e2e-tf-models-packed.json",
                  "time-to-accuracy/tta.json", "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
