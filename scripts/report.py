@@ -304,6 +304,27 @@ def relink_images(text: str, prefix: str) -> str:
     return re.sub(r"\]\((?!https?:|/)([^)/]+\.png)\)", lambda m: f"]({prefix}/{m.group(1)})", text)
 
 
+def nest_headings(text: str, top: int = 3) -> str:
+    """A fragment's headings shifted so that its highest is level ``top``: written for a file of
+    its own (``# Soak``), it then nests under its numbered section instead of breaking the outline.
+    Lines inside code fences are left alone."""
+    lines, fenced, levels = text.split("\n"), False, []
+    for line in lines:
+        fenced ^= line.startswith("```")
+        heading = re.match(r"(#{1,6}) ", line)
+        if heading and not fenced:
+            levels.append(len(heading.group(1)))
+    shift = top - min(levels, default=top)
+    if shift <= 0:
+        return text
+    fenced = False
+    for i, line in enumerate(lines):
+        fenced ^= line.startswith("```")
+        if not fenced and re.match(r"#{1,6} ", line):
+            lines[i] = "#" * shift + line
+    return "\n".join(lines)
+
+
 def command_text(command: str) -> str:
     """A section's command as code, its closing parenthetical note (which may quote code) as prose."""
     line, bracket, note = command.partition(" (")
@@ -336,7 +357,7 @@ def main() -> None:
                   f"Command (with `OMP_NUM_THREADS=1`): {command_text(command)}", ""]
         path = bench / fragment
         prefix = Path(os.path.relpath(path.parent, Path(args.out).resolve().parent)).as_posix()
-        text = relink_images(path.read_text().strip(), prefix) if path.exists() else None
+        text = nest_headings(relink_images(path.read_text().strip(), prefix)) if path.exists() else None
         lines.append(text or "_Not run on this machine._")
         png = path.with_suffix(".png")
         if png.exists() and f"{prefix}/{png.name}" not in (text or ""):

@@ -93,6 +93,9 @@ def test_report_groups_targets_and_explains_misses(tmp_path):
         "![p](bench/x.png) ![q](http://h/y.png)"
     assert report.command_text("python a.py --out x (note on `b`)") == "`python a.py --out x` (note on `b`)"
     assert report.command_text("python a.py (root); then b") == "`python a.py (root); then b`"
+    assert report.nest_headings("# A\n\n## B\n```\n# kept\n```\n### C") == \
+        "### A\n\n#### B\n```\n# kept\n```\n##### C"
+    assert report.nest_headings("### A\n#### B\nno #") == "### A\n#### B\nno #"
 
 
 def test_a_missed_momentum_floor_target_is_explained():
