@@ -28,7 +28,8 @@ from __future__ import annotations
 import inspect
 import math
 import textwrap
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Unpack
 
 import numpy as np
@@ -319,6 +320,23 @@ class Algorithm:
         shared patterns); ``observe`` receives their sum over ranks. Control data thus travels
         without a collective of its own. Called after ``select``. Default: nothing."""
         return None
+
+    def select_per_tensor(self, acc: Any, control: Any, ctx: StepContext,
+                          select: Callable[[Any, int], Any]) -> Any:
+        """``select(part, numel)`` (indices into ``part``) on each tensor of a bucket packing
+        per-tensor steps, as on a bucket of its own: an empty selection sends that tensor's
+        ``fallback`` index, as the engine would send for it alone. One tensor: ``select(acc)``."""
+        segments = self.tensor_segments(ctx)
+        if len(segments) == 1:
+            return select(acc, ctx.numel)
+        b, parts = ctx.backend, []
+        for offset, size, key in segments:
+            idx = select(b.slice(acc, offset, offset + size), size)
+            if b.numel(idx) == 0:
+                alone = replace(ctx, key=key, numel=size, sizes=(size,), members=())
+                idx = b.from_numpy(b.to_numpy(self.fallback(control, alone)), like=acc)
+            parts.append(idx + offset if offset else idx)
+        return b.concat(parts)
 
     def fallback(self, control: Any, ctx: StepContext) -> Any:
         """The single index sent when the selection is empty (a collective must never be empty).

@@ -23,7 +23,10 @@ Refinement (``variant``):
   then every entry with ``|a| > λ`` is sent.
 
 The count is therefore only approximately k. ``stats()["threshold"]`` is the last λ (averaged
-over buckets).
+over buckets, and over the tensors of a packed one).
+
+Per-tensor steps pack (``packs_tensors``): each tensor of the bucket is selected in on its own,
+its μ and σ from its own entries, so the decisions are a bucket per tensor's.
 
 Reads of ``a`` (docs/kernels.md): μ and σ come with the accumulation (``accumulate_select``:
 ``Backend.accumulate_moments``); a read that selects at λ also counts at the thresholds the next
@@ -234,6 +237,7 @@ class GaussianK(Algorithm):
     name = "gaussiank"
     patterns = (GATHER,)
     scopes = (TENSOR, MODEL)
+    packs_tensors = True
 
     def __init__(self, density: float = 0.01, *, variant: str = "original", max_loops: int | None = None,
                  scope: str = TENSOR, **corrections: Unpack[CorrectionOptions]):
@@ -261,32 +265,47 @@ class GaussianK(Algorithm):
                           clear_inputs: bool, check_finite: bool) -> Selected:
         """Error feedback with μ and σ taken in the accumulating pass (``Backend.accumulate_moments``),
         then the selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the
-        same decisions."""
+        same decisions. A bucket packing per-tensor steps takes each tensor's μ and σ in
+        ``select_local`` instead (None: the engine accumulates, then selects)."""
+        if ctx.members:
+            return None
         acc, moments, finite = ctx.backend.accumulate_moments(residual, tensors, clear_inputs, check_finite,
                                                              ctx.momentum)
         if not finite:
             return Selected(acc, None, [], False)
-        return Selected(acc, self._select(acc, *moments, control, ctx), [], True)
+        return Selected(acc, self._select(acc, *moments, control, ctx.numel, ctx), [], True)
 
     def select_local(self, acc: Any, control: GaussianControl, ctx: StepContext) -> Any:
-        """The selection from μ and σ of ``acc`` (``Backend.mean_std``)."""
-        return self._select(acc, *ctx.backend.mean_std(acc), control, ctx)
+        """The selection from μ and σ (``Backend.mean_std``) of ``acc``, or of each tensor of a
+        bucket packing per-tensor steps on its own (``select_per_tensor``); λ is then their mean."""
+        b, thresholds = ctx.backend, []
 
-    def _select(self, acc: Any, mean: float, std: float, control: GaussianControl, ctx: StepContext) -> Any:
-        k = self.k(ctx.numel, self.step_density(ctx))
+        def select(part: Any, numel: int) -> Any:
+            idx = self._select(part, *b.mean_std(part), control, numel, ctx)
+            thresholds.append(control.threshold)
+            return idx
+
+        idx = self.select_per_tensor(acc, control, ctx, select)
+        control.threshold = float(np.mean(thresholds))
+        return idx
+
+    def _select(self, acc: Any, mean: float, std: float, control: GaussianControl, numel: int,
+                ctx: StepContext) -> Any:
+        """The loop of ``variant`` on ``acc`` of ``numel`` entries (a bucket, or one tensor of it)."""
+        k = self.k(numel, self.step_density(ctx))
         threshold = self.initial_threshold(mean, std, self.step_density(ctx))
         dtype = ctx.backend.dtype_name(acc)
         if self.variant == "rescale":
-            idx, threshold = self._rescale(acc, threshold, k, dtype, ctx)
+            idx, threshold = self._rescale(acc, threshold, k, dtype, numel, ctx)
         else:
-            idx, threshold = self._original(acc, threshold, k, dtype, ctx)
+            idx, threshold = self._original(acc, threshold, k, dtype, numel, ctx)
         control.threshold = threshold
         return idx
 
-    def _original(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext
+    def _original(self, acc: Any, threshold: float, k: int, dtype: str, numel: int, ctx: StepContext
                   ) -> tuple[Any, float]:
         """The "original" loop (module docstring), read off ``a`` as ``OriginalLoop`` says."""
-        loop = OriginalLoop(acc, ctx.backend, dtype, k, ctx.numel, threshold)
+        loop = OriginalLoop(acc, ctx.backend, dtype, k, numel, threshold)
         for _ in range(self.max_loops):
             least = strictly_above(loop.threshold, dtype)
             if loop.defer_known_too_few(least):
@@ -295,7 +314,8 @@ class GaussianK(Algorithm):
                 break
         return loop.finish()
 
-    def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, ctx: StepContext) -> tuple[Any, float]:
+    def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, numel: int, ctx: StepContext
+                 ) -> tuple[Any, float]:
         """The loop above, read off ``a`` in passes that each decide up to RESCALE_AHEAD loops: a
         pass selects |a| > λ and counts |a| > t for every t the next loops can reach from λ (the
         tree of λ·0.5 and λ·1.5, each computed as the loop computes it); the counts then walk the
@@ -306,7 +326,7 @@ class GaussianK(Algorithm):
         while True:
             ahead = min(loops, RESCALE_AHEAD)
             tree = rescale_tree(threshold, ahead)
-            idx, counts = b.select_at_least(acc, 0, ctx.numel, strictly_above(threshold, dtype),
+            idx, counts = b.select_at_least(acc, 0, numel, strictly_above(threshold, dtype),
                                             [strictly_above(t, dtype) for t in tree[1:]])
             node = 0
             for _ in range(ahead):
@@ -323,7 +343,7 @@ class GaussianK(Algorithm):
                 return idx, threshold
             loops -= ahead
             if node < len(tree):   # stopped at a counted λ: one more pass selects there
-                return b.select_at_least(acc, 0, ctx.numel, strictly_above(threshold, dtype))[0], threshold
+                return b.select_at_least(acc, 0, numel, strictly_above(threshold, dtype))[0], threshold
 
     def control_stats(self, control: GaussianControl) -> dict:
         """The last λ, once there is one."""

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hvd_sparse import ConfigurationError
-from hvd_sparse.algorithms import DGC, RandomK, Threshold, TopK
+from hvd_sparse.algorithms import DGC, GaussianK, RandomK, Threshold, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
@@ -28,6 +28,8 @@ METHODS = {
     "dgc-clip": lambda: DGC(0.01, clip_norm=3.0),   # clips the large tensors, not the small ones
     "randomk": lambda: RandomK(0.02, seed=5),
     "randomk-shared-momentum": lambda: RandomK(0.05, shared_seed=True, momentum=0.9),
+    "gaussiank": lambda: GaussianK(0.02),
+    "gaussiank-rescale-momentum": lambda: GaussianK(0.05, variant="rescale", momentum=0.9),
     # Every tensor under dense_below: the bundle pack() makes of them, averaged densely.
     "topk-dense-below": lambda: TopK(0.02, momentum=0.9, nesterov=True, dense_below=4000),
 }
@@ -38,19 +40,20 @@ def gradients(rng, size):
             for _ in range(size)]
 
 
-def per_tensor_step(group, engines, grads):
-    """Every tensor in a bucket of its own; each rank's flat average."""
+def per_tensor_step(group, engines, grads, b=NP):
+    """Every tensor in a bucket of its own; each rank's flat average (on backend ``b``)."""
     outs = [[] for _ in engines]
     for i, key in enumerate(KEYS):
-        done = group.run([e.step(key, [grads[r][i]]) for r, e in enumerate(engines)])
+        done = group.run([e.step(key, [b.from_numpy(grads[r][i].copy())]) for r, e in enumerate(engines)])
         for r, out in enumerate(done):
-            outs[r].append(np.ravel(out[0]))
+            outs[r].append(np.ravel(b.to_numpy(out[0])))
     return [np.concatenate(o) for o in outs]
 
 
-def packed_step(group, engines, grads):
-    done = group.run([e.step("all", grads[r], members=KEYS) for r, e in enumerate(engines)])
-    return [np.concatenate([np.ravel(t) for t in out]) for out in done]
+def packed_step(group, engines, grads, b=NP):
+    done = group.run([e.step("all", [b.from_numpy(g.copy()) for g in grads[r]], members=KEYS)
+                      for r, e in enumerate(engines)])
+    return [np.concatenate([np.ravel(b.to_numpy(t)) for t in out]) for out in done]
 
 
 def state_of(engine, key=None):
@@ -88,8 +91,50 @@ def test_packed_bucket_decides_as_a_bucket_per_tensor(method, size):
         want, have = alone[0].stats(), packed[0].stats()
         for field in ("k", "selected", "bytes_sent"):
             assert have[field] == want[field], field
-    if method.startswith("dgc") and method != "dgc-dense":
+    if method.startswith(("dgc", "gaussiank")) and method != "dgc-dense":
         assert packed[0].stats()["threshold"] == pytest.approx(alone[0].stats()["threshold"])
+
+
+@pytest.mark.parametrize("method", ["gaussiank", "gaussiank-rescale-momentum", "topk-momentum", "dgc",
+                                    "randomk"])
+@pytest.mark.parametrize("framework", ["torch", "tensorflow"])
+def test_packed_bucket_decides_as_a_bucket_per_tensor_in_each_framework(framework, method):
+    """The same on the frameworks' backends, kernels on where they load: a packed bucket's
+    selection reads each tensor out of its vector (a view in torch, a copy in TensorFlow)."""
+    pytest.importorskip(framework)
+    b, size, rng = get_backend(framework), 2, np.random.default_rng(3)
+    group = LocalGroup(size, b)
+    alone = [Engine(METHODS[method](), b, r, size) for r in range(size)]
+    packed = [Engine(METHODS[method](), b, r, size) for r in range(size)]
+    for _ in range(5):
+        grads = gradients(rng, size)
+        expected, got = per_tensor_step(group, alone, grads, b), packed_step(group, packed, grads, b)
+        for e, g in zip(expected, got, strict=True):
+            np.testing.assert_array_equal(g, e)
+        for one, all_ in zip(alone, packed, strict=True):
+            np.testing.assert_array_equal(b.to_numpy(all_.buckets["all"].residual), np.concatenate(
+                [b.to_numpy(one.buckets[k].residual) for k in KEYS]))
+
+
+@pytest.mark.parametrize("variant", ["original", "rescale"])
+def test_an_empty_tensor_selection_in_a_packed_bucket_sends_its_fallback(variant):
+    """A tensor whose selection is empty (all zeros: Gaussian-k's λ finds nothing) sends its own
+    fallback index (step mod its size) inside a packed bucket, as alone, where the engine sends
+    it."""
+    size, rng = 2, np.random.default_rng(11)
+    group = LocalGroup(size)
+    alone = [Engine(GaussianK(0.05, variant=variant), NP, r, size) for r in range(size)]
+    packed = [Engine(GaussianK(0.05, variant=variant), NP, r, size) for r in range(size)]
+    for _ in range(5):
+        grads = gradients(rng, size)
+        for rank_grads in grads:
+            rank_grads[2][:] = 0.0   # the (7,) tensor
+        expected, got = per_tensor_step(group, alone, grads), packed_step(group, packed, grads)
+        for e, g in zip(expected, got, strict=True):
+            np.testing.assert_array_equal(g, e)
+        assert_same([state_of(e) for e in alone], [state_of(e, "all") for e in packed])
+        assert packed[0].stats()["selected"] == alone[0].stats()["selected"]
+    assert alone[0].buckets["g2"].stats.selected == 1   # the fallback, not an empty collective
 
 
 def resume_and_compare(make, before, after, group, rng, steps: int = 3):
