@@ -48,10 +48,11 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "gaussiank": ("gaussiank", {}),
     "dgc": ("dgc", {}),
     "local": ("local", {}),
-    # TopK and DGC per tensor in a bucket per gradient, as before PyTorch packed their steps
-    # (``Algorithm.pack``): the same decisions at each bucket's own per-step cost.
+    # TopK, DGC and Gaussian-k per tensor in a bucket per gradient, as before PyTorch packed their
+    # steps (``Algorithm.pack``): the same decisions at each bucket's own per-step cost.
     "topk-unpacked": ("topk", {"packs_tensors": False}),
     "dgc-unpacked": ("dgc", {"packs_tensors": False}),
+    "gaussiank-unpacked": ("gaussiank", {"packs_tensors": False}),
 }
 UNPACKED = "-unpacked"
 # "<method>+corr": the method with the recommended corrections (corrections.RECOMMENDED) in their

@@ -154,6 +154,14 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "41 tensors under 1024 entries go in a dense bucket beside each of the 4 packed buckets, 8 "
      "buckets in all, docs/architecture.md#pytorch-face; `-unpacked` takes a bucket per tensor, "
      "62, side by side)"),
+    ("e2e-models-baselines.md",
+     "End to end on ResNet-18 in PyTorch: random-k, hard threshold, Gaussian-k packed",
+     "python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 64 "
+     "--configs dense,local,randomk,threshold,gaussiank,gaussiank-unpacked --rounds 20 --settle 600 "
+     "--out bench/e2e-models-baselines (the baselines the earlier ResNet-18 runs left out, after "
+     "per-tensor Gaussian-k packs its steps as TopK does; `-unpacked`: a bucket per tensor. Hard "
+     "threshold runs in its default whole-model scope; its density follows the gradients, so it "
+     "never settles near the target)"),
 ]
 
 
@@ -188,7 +196,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "select-tf/select.json", "fidelity.json", "convergence.json",
                  "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
                  "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models-dgc.json",
-                 "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-tf.json",
+                 "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-models-baselines.json",
+                 "e2e-tf.json",
                  "e2e-tf-models-packed.json",
                  "time-to-accuracy/tta.json", "ddp-1gbit/ddp.json"):
         result = load(bench / name)
@@ -265,6 +274,12 @@ CAUSES = {
         "λ0 = 1/(2√k) and moves λ by at most 0.5% a step, so over a short benchmark it sends far "
         "fewer entries than asked (see its achieved density); the tracking option is at target "
         "after the warm-up."),
+    "gaussiank step <= 1.1× dense's": (
+        "**Gaussian-k on ResNet-18.** Its paper-mode refinement (`variant=\"original\"`, up to 100 "
+        "loops) reads the largest tensors several times a step: the Gaussian model misses "
+        "gradients' heavy tails, so the loop takes many turns to bring the count near k. Packing "
+        "its per-tensor steps removed the buckets' own cost, not the selection's; "
+        "`variant=\"rescale\"` stops after 3 loops."),
     # bench_select's momentum target (the prefixes of its ExDyna and MiCRO rows).
     ("exdyna per-rank step ≤ 1.3× the momentum floor", "micro per-rank step ≤ 1.3× the momentum floor"): (
         "**The momentum path against its floor.** With `nonfinite=\"skip\"` (the default) a rank whose "
