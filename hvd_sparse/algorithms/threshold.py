@@ -20,12 +20,16 @@ collective must never be empty.
 Option (not paper mode): ``scope="tensor"`` without an explicit ``threshold`` gives each tensor
 its own λ from its own k. To reproduce the authors' per-tensor run, pass the model's λ instead:
 ``threshold=Threshold.default_threshold(density, model_numel)``.
+The faces pack per-tensor steps (``packs_tensors``): each tensor of a packed bucket selects at its
+own λ, so the decisions are a bucket per tensor's.
 """
 
 from __future__ import annotations
 
 import math
 from typing import Any, Unpack
+
+import numpy as np
 
 from ..backends import Selected, index_dtype_for
 from ..errors import ConfigurationError
@@ -47,6 +51,7 @@ class Threshold(Algorithm):
     name = "threshold"
     patterns = (GATHER, UNION)
     scopes = (MODEL, TENSOR)
+    packs_tensors = True
 
     def __init__(self, density: float = 0.01, *, threshold: float | None = None,
                  pattern: str = GATHER, scope: str = MODEL, **corrections: Unpack[CorrectionOptions]):
@@ -63,10 +68,12 @@ class Threshold(Algorithm):
         return 1.0 / (2.0 * math.sqrt(k))
 
     def init_control(self, ctx: StepContext) -> float:
-        """The bucket's λ (fixed for the run)."""
+        """The bucket's λ (fixed for the run); for a bucket packing per-tensor steps, the mean of
+        its tensors' own (a statistic: each tensor selects at its own, ``tensor_threshold``)."""
         if self.threshold is not None:
             return self.threshold
-        return self.default_threshold(self.density, ctx.numel)
+        return float(np.mean([self.default_threshold(self.density, size)
+                              for _, size, _ in self.tensor_segments(ctx)]))
 
     def step_threshold(self, control: float, ctx: StepContext) -> float:
         """λ of this step: the bucket's, or during a density warm-up the authors' λ for the
@@ -75,13 +82,29 @@ class Threshold(Algorithm):
             return self.default_threshold(self.step_density(ctx), ctx.numel)
         return control
 
+    def tensor_threshold(self, numel: int, ctx: StepContext) -> float:
+        """λ of one tensor of a bucket packing per-tensor steps, this step: the one given, else
+        the authors' rule for its entries at the step's density (``step_threshold`` alone)."""
+        if self.threshold is not None:
+            return self.threshold
+        return self.default_threshold(self.step_density(ctx), numel)
+
     def select_local(self, acc: Any, control: float, ctx: StepContext) -> Any:
-        """Every entry with |a| > λ."""
-        return ctx.backend.select_at_least(acc, 0, ctx.numel, self.step_threshold(control, ctx))[0]
+        """Every entry with |a| > λ; in a bucket packing per-tensor steps, each tensor's own λ
+        (``select_per_tensor``)."""
+        b = ctx.backend
+        if not ctx.members:
+            return b.select_at_least(acc, 0, ctx.numel, self.step_threshold(control, ctx))[0]
+        return self.select_per_tensor(acc, control, ctx, lambda part, numel: b.select_at_least(
+            part, 0, numel, self.tensor_threshold(numel, ctx))[0])
 
     def accumulate_select(self, residual: Any, tensors: list, control: float, ctx: StepContext,
-                          clear_inputs: bool, check_finite: bool) -> Selected:
-        """Error feedback and the selection at λ in one pass (``Backend.accumulate_select``)."""
+                          clear_inputs: bool, check_finite: bool) -> Selected | None:
+        """Error feedback and the selection at λ in one pass (``Backend.accumulate_select``); a
+        bucket packing per-tensor steps selects at each tensor's λ in ``select_local`` instead
+        (None: the engine accumulates first)."""
+        if ctx.members:
+            return None
         return ctx.backend.accumulate_select(
             residual, tensors, 0, ctx.numel, self.step_threshold(control, ctx), (), 1,
             index_dtype_for(ctx.numel), clear_inputs, check_finite, ctx.momentum)

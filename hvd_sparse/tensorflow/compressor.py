@@ -13,7 +13,7 @@ between steps.
   (``DistributedGradientTape`` here sets it) that is every gradient of the model, which takes
   MobileNetV2's 158 gradients from 474 py_function calls a step to 3; under Horovod's default
   grouping each gradient sits in its own ``tf.cond`` and keeps py_functions of its own. A method
-  that packs per-tensor steps (``Algorithm.packs_tensors``: TopK, DGC, RandomK, GaussianK) takes the
+  that packs per-tensor steps (``Algorithm.packs_tensors``: every per-tensor method but LAGS) takes the
   gradients built together in one bucket per dtype and selects in each as in a bucket of its
   own: one engine step and one set of collectives where there were as many as gradients.
 * Other scopes (the whole model, merged groups): every ``compress`` of the trace stashes its

@@ -131,13 +131,14 @@ def test_iterative_methods_keep_exact_error_feedback_on_the_gpu(make):
 PACKING = [lambda: TopK(0.05), lambda: TopK(0.05, momentum=0.9, pattern="union"),
            lambda: DGC(0.05, clip_norm=5.0), lambda: DGC(0.05, nesterov=True),
            lambda: RandomK(0.05, seed=3), lambda: RandomK(0.05, shared_seed=True),
-           lambda: GaussianK(0.05), lambda: GaussianK(0.05, variant="rescale", momentum=0.9)]
+           lambda: GaussianK(0.05), lambda: GaussianK(0.05, variant="rescale", momentum=0.9),
+           lambda: Threshold(0.05, scope="tensor"), lambda: Threshold(threshold=1e6, scope="tensor")]
 
 
 @pytest.mark.parametrize("make", PACKING, ids=lambda make: repr(make()))
 def test_packed_steps_decide_as_a_bucket_per_tensor_on_the_gpu(make, device="cuda"):
-    """PyTorch's faces pack per-tensor TopK, DGC, random-k and Gaussian-k (``Algorithm.pack``): on
-    CUDA tensors the packed bucket's averages and residuals are a bucket per tensor's, bit for bit."""
+    """PyTorch's faces pack every per-tensor method but LAGS (``Algorithm.pack``): on CUDA tensors
+    the packed bucket's averages and residuals are a bucket per tensor's, bit for bit."""
     b, keys = get_backend("torch"), tuple(f"t{i}" for i in range(len(SHAPES)))
     packed = [Engine(make(), b, r, SIZE) for r in range(SIZE)]
     alone = [Engine(make(), b, r, SIZE) for r in range(SIZE)]

@@ -28,6 +28,9 @@ METHODS = {
     "dgc-clip": lambda: DGC(0.01, clip_norm=3.0),   # clips the large tensors, not the small ones
     "randomk": lambda: RandomK(0.02, seed=5),
     "randomk-shared-momentum": lambda: RandomK(0.05, shared_seed=True, momentum=0.9),
+    "threshold": lambda: Threshold(0.02, scope="tensor", warmup_steps=3),
+    "threshold-given-union": lambda: Threshold(threshold=0.5, pattern="union", scope="tensor"),
+    "threshold-none-passes": lambda: Threshold(threshold=1e6, scope="tensor"),   # every fallback
     "gaussiank": lambda: GaussianK(0.02),
     "gaussiank-rescale-momentum": lambda: GaussianK(0.05, variant="rescale", momentum=0.9),
     # Every tensor under dense_below: the bundle pack() makes of them, averaged densely.
@@ -91,12 +94,12 @@ def test_packed_bucket_decides_as_a_bucket_per_tensor(method, size):
         want, have = alone[0].stats(), packed[0].stats()
         for field in ("k", "selected", "bytes_sent"):
             assert have[field] == want[field], field
-    if method.startswith(("dgc", "gaussiank")) and method != "dgc-dense":
+    if method.startswith(("dgc", "gaussiank", "threshold")) and method != "dgc-dense":
         assert packed[0].stats()["threshold"] == pytest.approx(alone[0].stats()["threshold"])
 
 
 @pytest.mark.parametrize("method", ["gaussiank", "gaussiank-rescale-momentum", "topk-momentum", "dgc",
-                                    "randomk"])
+                                    "randomk", "threshold", "threshold-none-passes"])
 @pytest.mark.parametrize("framework", ["torch", "tensorflow"])
 def test_packed_bucket_decides_as_a_bucket_per_tensor_in_each_framework(framework, method):
     """The same on the frameworks' backends, kernels on where they load: a packed bucket's
@@ -200,7 +203,9 @@ def test_a_dense_below_bundle_resumes_from_a_bucket_per_tensor():
 
 
 def test_a_method_that_cannot_pack_is_refused():
-    engine = Engine(Threshold(0.1, scope="tensor"), NP, 0, 1)
+    unpacked = TopK(0.1)
+    unpacked.packs_tensors = False   # the user's switch back to a bucket per tensor
+    engine = Engine(unpacked, NP, 0, 1)
     with pytest.raises(ConfigurationError, match="only in buckets of its own"):
         LocalGroup(1).run([engine.step("all", [np.ones(4, np.float32)] * 2, members=("a", "b"))])
     engine = Engine(TopK(0.1, scope="model"), NP, 0, 1)   # one k over the bucket: no tensors
