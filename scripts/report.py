@@ -197,9 +197,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "convergence-long/convergence.json", "convergence-10k/convergence.json", "e2e.json",
                  "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models-dgc.json",
                  "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-models-baselines.json",
-                 "e2e-tf.json",
-                 "e2e-tf-models-packed.json",
-                 "time-to-accuracy/tta.json", "ddp-1gbit/ddp.json"):
+                 "e2e-tf.json", "e2e-tf-models-packed.json", "time-to-accuracy/tta.json",
+                 "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
             if target.get("method"):
@@ -323,20 +322,15 @@ def nest_headings(text: str, top: int = 3) -> str:
     """A fragment's headings shifted so that its highest is level ``top``: written for a file of
     its own (``# Soak``), it then nests under its numbered section instead of breaking the outline.
     Lines inside code fences are left alone."""
-    lines, fenced, levels = text.split("\n"), False, []
-    for line in lines:
+    lines, fenced, headings = text.split("\n"), False, {}
+    for i, line in enumerate(lines):
         fenced ^= line.startswith("```")
         heading = re.match(r"(#{1,6}) ", line)
         if heading and not fenced:
-            levels.append(len(heading.group(1)))
-    shift = top - min(levels, default=top)
-    if shift <= 0:
-        return text
-    fenced = False
-    for i, line in enumerate(lines):
-        fenced ^= line.startswith("```")
-        if not fenced and re.match(r"#{1,6} ", line):
-            lines[i] = "#" * shift + line
+            headings[i] = len(heading.group(1))
+    shift = top - min(headings.values(), default=top)
+    for i in headings if shift > 0 else ():
+        lines[i] = "#" * shift + lines[i]
     return "\n".join(lines)
 
 

@@ -79,12 +79,12 @@ class Threshold(Algorithm):
         """λ of this step: the bucket's, or during a density warm-up the authors' λ for the
         step's target density (unless λ was given)."""
         if self.threshold is None and self.step_density(ctx) != self.density:
-            return self.default_threshold(self.step_density(ctx), ctx.numel)
+            return self.tensor_threshold(ctx.numel, ctx)
         return control
 
     def tensor_threshold(self, numel: int, ctx: StepContext) -> float:
-        """λ of one tensor of a bucket packing per-tensor steps, this step: the one given, else
-        the authors' rule for its entries at the step's density (``step_threshold`` alone)."""
+        """λ of ``numel`` entries this step (one tensor of a bucket packing per-tensor steps): the
+        one given, else the authors' rule for them at the step's density."""
         if self.threshold is not None:
             return self.threshold
         return self.default_threshold(self.step_density(ctx), numel)
