@@ -187,6 +187,9 @@ def certain_mean_std(n: int, shift: float, t1: float, t2: float, depth: int) -> 
     e2 = sum_error_bound(t2, depth)
     # Σ|d| <= sqrt(n Σd²) (Cauchy-Schwarz) bounds the error of the signed sum
     e1 = 2.0 * (depth + 2) * UNIT_ROUNDOFF * math.sqrt(n * (t2 + e2)) + depth * SMALLEST_SUBNORMAL
+    decided = float_mean_std(n, shift, t1, t2, e1, e2)
+    if decided is not None:
+        return decided
     c, f1, f2, r1, r2 = (Fraction(v) for v in (shift, t1, t2, e1, e2))
     mean_lo, mean_hi = (_round_signed_float32(c + (f1 + s * r1) / n) for s in (-1, 1))
     if mean_lo != mean_hi:
@@ -198,6 +201,37 @@ def certain_mean_std(n: int, shift: float, t1: float, t2: float, depth: int) -> 
     var_hi = max(f2 + r2 - square_lo / n, Fraction(0)) / (n - 1)
     std_lo, std_hi = _round_float32(var_lo, square=True), _round_float32(var_hi, square=True)
     return (mean_lo, std_lo) if std_lo == std_hi else None
+
+
+def float32_if_one(low: float, high: float) -> float | None:
+    """The float32 both ends of [low, high] round to (so does everything between), else None."""
+    with np.errstate(over="ignore"):
+        a, b = np.float32(low), np.float32(high)
+    return float(a) + 0.0 if a == b and np.isfinite(a) else None   # + 0.0: no -0.0
+
+
+def float_mean_std(n: int, shift: float, t1: float, t2: float, e1: float, e2: float
+                   ) -> tuple[float, float] | None:
+    """``certain_mean_std``'s decision in float64 arithmetic, which decides all but the rare sums
+    whose interval a float32 rounding boundary crosses (then None, and Fractions decide). Each
+    interval is widened by a bound on the float64 rounding of its own computation (a few units in
+    the last place of the terms involved; ×8 to spare), so it still holds the exact one."""
+    slack = 8.0 * UNIT_ROUNDOFF
+    mean = shift + t1 / n
+    mean_error = e1 / n + slack * (abs(shift) + abs(t1 / n) + abs(mean) + e1 / n) + SMALLEST_SUBNORMAL
+    decided_mean = float32_if_one(mean - mean_error, mean + mean_error)
+    if decided_mean is None:
+        return None
+    low1, high1 = t1 - e1, t1 + e1
+    square_hi = max(low1 * low1, high1 * high1) / n
+    square_lo = 0.0 if low1 <= 0.0 <= high1 else min(low1 * low1, high1 * high1) / n
+    var_error = slack * (t2 + e2 + square_hi) + SMALLEST_SUBNORMAL
+    var_lo = max(t2 - e2 - square_hi - var_error, 0.0) / (n - 1)
+    var_hi = (max(t2 + e2 - square_lo, 0.0) + var_error) / (n - 1)
+    if not math.isfinite(var_hi):
+        return None
+    std = float32_if_one(math.sqrt(var_lo) * (1.0 - slack), math.sqrt(var_hi) * (1.0 + slack))
+    return None if std is None else (decided_mean, std)
 
 
 def exact_mean_std(x: np.ndarray) -> tuple[float, float]:

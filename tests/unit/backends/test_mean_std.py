@@ -180,3 +180,43 @@ def test_gaussiank_refinement_matches_the_mask_reference_on_every_path(variant, 
     expected = reference(x, 0.01)
     for path, got in selections(GaussianK(0.01, variant=variant), x).items():
         assert np.array_equal(got, expected), (path, got.size, expected.size)
+
+
+def fraction_mean_std(n: int, shift: float, t1: float, t2: float, depth: int):
+    """``certain_mean_std`` with its float64 decision taken away: the Fractions alone."""
+    original = numerics.float_mean_std
+    numerics.float_mean_std = lambda *args: None
+    try:
+        return numerics.certain_mean_std(n, shift, t1, t2, depth)
+    finally:
+        numerics.float_mean_std = original
+
+
+def test_float64_decision_is_the_fractions_decision():
+    """Where the float64 arithmetic decides, it decides as the exact Fractions do; near float32
+    rounding boundaries (means and deviations a few float64 units from a float32 midpoint) it
+    leaves them to the Fractions. Sums made up (not from data), so that every corner is reached."""
+    rng = np.random.default_rng(5)
+    decided = 0
+    for _ in range(3000):
+        n = int(rng.integers(2, 10 ** 7))
+        depth = int(rng.integers(1, 40))
+        scale = 10.0 ** rng.uniform(-30, 20)
+        mean, std = rng.standard_normal() * scale, abs(rng.standard_normal()) * scale * 10.0 ** rng.uniform(-3, 3)
+        if rng.random() < 0.5:   # put the mean next to a float32 midpoint
+            m = F32(mean)
+            mean = (float(m) + float(np.nextafter(m, F32(np.inf)))) / 2 * (1 + rng.integers(-4, 5) * 2.0 ** -53)
+        shift = float(F32(mean + std * rng.standard_normal()))
+        t1 = (mean - shift) * n
+        t2 = std * std * (n - 1) + t1 * t1 / n
+        calls = []
+        spy = numerics.float_mean_std
+        numerics.float_mean_std = lambda *args: calls.append(spy(*args)) or calls[-1]
+        try:
+            got = numerics.certain_mean_std(n, shift, t1, t2, depth)
+        finally:
+            numerics.float_mean_std = spy
+        if calls[0] is not None:   # the float64 arithmetic decided: as the Fractions do
+            decided += 1
+            assert same(got, fraction_mean_std(n, shift, t1, t2, depth)), (n, shift, t1, t2, depth)
+    assert decided > 1000
