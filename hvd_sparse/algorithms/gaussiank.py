@@ -30,15 +30,21 @@ its μ and σ from its own entries, so the decisions are a bucket per tensor's.
 
 Reads of ``a`` (docs/kernels.md): μ and σ come with the accumulation (``accumulate_select``:
 ``Backend.accumulate_moments``); a read that selects at λ also counts at the thresholds the next
-loops can reach (rescale: the tree of λ·0.5 and λ·1.5 two loops deep; original, in a run of "too
-few": the next λ·0.1^i), so that the loops those counts decide need no read of their own. The
+loops can reach, so that the loops those counts decide need no read of their own. "rescale"
+counts the tree of λ·0.5 and λ·1.5 two loops deep. "original" runs in threshold form
+(``OriginalLoop``): its candidates are always an interval of |a|, so it needs only counts of
+|a| > t, and the entries above some floor, once few, are sorted on the host, where its remaining
+loops (up to 100, often circling among a few clustered candidates) count by binary search. The
 decisions are the loop's, on the same counts.
 """
 
 from __future__ import annotations
 
+import math
 import statistics
-from dataclasses import dataclass, field
+import struct
+from collections.abc import Callable
+from dataclasses import dataclass, replace
 from typing import Any, Unpack
 
 import numpy as np
@@ -51,7 +57,9 @@ from .corrections import CorrectionOptions
 VARIANTS = ("original", "rescale")
 _DEFAULT_LOOPS = {"original": 100, "rescale": 3}
 RESCALE_AHEAD = 3   # loops of "rescale" one read of a decides: 2 + 4 probe counts
-ORIGINAL_AHEAD = 8  # "too few" loops of "original" a read of a can decide: the next λ·0.1^i
+PROBES = 8          # probe counts a read takes on every path (the kernels' limit)
+HOST_ENTRIES = 1 << 15   # "original": candidates this few are counted on the host
+EXPLORED_LOOPS = 32      # "original": loops a read's lookahead follows on known counts, at most
 
 
 @dataclass
@@ -77,150 +85,188 @@ def rescale_tree(threshold: float, levels: int) -> list[float]:
     return tree
 
 
-def band(acc: Any, idx: Any, lower: float | None, upper: float | None, dtype: str, b: Any) -> Any:
-    """The entries of ``idx`` (ascending) with lower <= |a| < upper (None: no bound), in order;
-    |a| < upper as -|a| > -upper."""
-    if lower is not None:
-        idx = b.take(idx, b.indices_where_at_least(b.abs(b.take(acc, idx)), lower))
-    if upper is not None:
-        below = b.scale(b.abs(b.take(acc, idx)), -1.0)
-        idx = b.take(idx, b.indices_where_at_least(below, strictly_above(-upper, dtype)))
-    return idx
+_PACKED = {"float32": struct.Struct("f"), "float16": struct.Struct("e")}
 
 
-def bands(acc: Any, idx: Any, lowers: list[float], upper: float | None, dtype: str, b: Any) -> list:
-    """The deferred bands out of ``idx`` (which holds every entry with |a| >= lowers[-1]):
-    lowers[0] <= |a| < upper, then lowers[1] <= |a| < lowers[0], ..."""
-    return [band(acc, idx, lower, high, dtype, b)
-            for lower, high in zip(lowers, [upper, *lowers], strict=False)]
+def rounding(dtype: str) -> Callable[[float], float]:
+    """x rounded to ``dtype`` (as a float; beyond its range ±Inf): the value a framework compares a
+    tensor with. struct rounds as NumPy does, in a fifth of the time (the loop rounds each λ)."""
+    packed = _PACKED.get(dtype)
+    if packed is None:
+        kind = np.dtype(dtype).type
+        return lambda x: float(kind(x))
+
+    def rounded(x: float) -> float:
+        try:
+            return packed.unpack(packed.pack(x))[0]
+        except OverflowError:
+            return math.copysign(math.inf, x)
+    return rounded
 
 
 @dataclass
 class OriginalLoop:
-    """The state of the "original" loop over one bucket's accumulated vector ``acc``.
+    """The "original" loop in threshold form (pure: no tensor in sight).
 
-    The candidates: their magnitudes and where they are in the bucket. While they are the whole
-    bucket less those kept (all with |a| >= ``kept_from``), both stay implicit (None): counts are
-    read off ``acc`` itself in one pass, and no vector of the bucket's size is made.
-
-    A run of "too few" loops in that state keeps the bands least_i <= |a| < least_{i-1} of λ,
-    λ·0.1, λ·0.01, ...: a read of ``acc`` there also counts |a| >= t at the next ORIGINAL_AHEAD of
-    them (``total``), so that the loops they decide need no read of their own; their bands
-    (``deferred``: each band's lower end; the first one's upper end is ``deferred_from``) are cut
-    out of the next read, which selects all of them.
+    Each rule cuts the candidates at λ: "too few" keeps those above it and leaves those below,
+    "too many" leaves those above. So the candidates are always the entries with lo < |a| <= hi
+    and those kept the entries with |a| > hi; every count the loop judges is a count of |a| > t,
+    and it ends with one selection, |a| > ``cut()``. These are the mask form's decisions
+    (tests/reference/gaussiank.py), made on counts (``OriginalCounts``).
     """
 
-    acc: Any
-    b: Any                                   # the backend
-    dtype: str
+    threshold: float                 # λ of the next loop
     k: int
-    numel: int
-    threshold: float                         # λ of the next loop
-    candidates: Any = None
-    positions: Any = None
-    kept_from: float | None = None
-    kept: list = field(default_factory=list)
-    n_kept: int = 0
+    loops: int                       # loops left
+    lo: float = -math.inf
+    hi: float = math.inf
+    n_kept: int = 0                  # entries with |a| > hi
+    n_above_lo: int | None = None    # entries with |a| > lo, once lo is a λ
     last_too_many: bool = False
-    total: dict[float, int] = field(default_factory=dict)
-    deferred: list[float] = field(default_factory=list)
-    deferred_from: float | None = None
 
-    def none_left(self, least: float) -> bool:
-        """Implicit candidates, and λ rounds to where it was (0): none left."""
-        return self.candidates is None and self.kept_from is not None and not least < self.kept_from
-
-    def defer_known_too_few(self, least: float) -> bool:
-        """Whether the last read's counts already say "too few" at ``least``; if so, the loop's
-        band is deferred (cut out later) and λ moves on, without a read."""
-        if self.candidates is not None or self.none_left(least) or self.threshold < 0:
-            return False
-        if not self.total.get(least, 2 * self.k / 3) < 2 * self.k / 3:
-            return False
-        if not self.deferred:
-            self.deferred_from = self.kept_from
-        self.deferred.append(least)
-        self.n_kept, self.kept_from = self.total[least], least
-        self.threshold *= 0.1
-        return True
-
-    def above(self, least: float) -> Any:
-        """The candidates with |a| >= ``least``: as positions in ``candidates`` when those are
-        explicit, else as indices of the bucket."""
-        if self.candidates is not None:
-            return self.b.indices_where_at_least(self.candidates, least)
-        if self.none_left(least):
-            return self.b.arange(0, 0, like=self.acc)   # no read
-        return self.read(least)
-
-    def read(self, least: float) -> Any:
-        """One pass over ``acc``: the entries with |a| >= ``least`` not kept earlier, the counts of
-        the next "too few" thresholds, and the deferred bands, kept."""
-        b = self.b
-        probes = ([strictly_above(self.threshold * 0.1 ** (i + 1), self.dtype) for i in range(ORIGINAL_AHEAD)]
-                  if self.kept_from is not None and self.threshold >= 0 else [])
-        above, counts = b.select_at_least(self.acc, 0, self.numel, least, probes)
-        self.total = dict(zip(probes, (round(c) for c in counts), strict=True)) if probes else {}
-        self.kept += bands(self.acc, above, self.deferred, self.deferred_from, self.dtype, b)
-        self.deferred = []
-        if self.kept_from is not None:   # drop those kept earlier: |a| < kept_from
-            above = band(self.acc, above, None, self.kept_from, self.dtype, b)
-        return above
-
-    def keep(self, above: Any) -> None:
-        """Keep ``above`` (as indices of the bucket)."""
-        self.kept.append(above if self.positions is None else self.b.take(self.positions, above))
-        self.n_kept += self.b.numel(above)
-
-    def judge(self, above: Any, least: float) -> bool:
-        """Apply the loop's rule to the count at ``least``; whether the loop goes on."""
-        count = self.n_kept + self.b.numel(above)
-        self.last_too_many = False
-        if count < 2 * self.k / 3:
-            self.keep_too_few(above, least)
-            return True
-        if count > 4 * self.k / 3:
-            self.narrow(above)
-            return True
-        self.keep(above)
-        return False
-
-    def keep_too_few(self, above: Any, least: float) -> None:
-        """Keep ``above``, remove it from the candidates and lower λ ×0.1. λ keeps its sign (it is
-        only ever scaled by positive factors): for λ >= 0 the candidates left are those below λ;
-        for λ < 0 every candidate was above it, so none is left."""
-        b = self.b
-        self.keep(above)
-        if self.threshold >= 0:
-            if self.candidates is None:
-                self.kept_from = least
+    def run(self, rounded: Callable[[float], float], count: Callable[[float], int | None]) -> float | None:
+        """Run loops (λ rounded by ``rounded``) while their counts are known: the loop's own (no
+        candidate above λ, or all of them) or ``count``'s. Returns the t whose count of |a| > t the
+        next loop needs and ``count`` lacks, or None once the loop has ended."""
+        while self.loops > 0:
+            least = rounded(self.threshold)
+            if not least < self.hi:   # NaN included
+                known = self.n_kept
+            elif least <= self.lo and self.n_above_lo is not None:
+                self.double_up_to_lo(rounded)
+                continue
             else:
-                self.candidates = b.zero_at(self.candidates, above)
+                known = count(max(least, self.lo))
+                if known is None:
+                    return max(least, self.lo)
+            self.turn(least, known)
+        return None
+
+    def double_up_to_lo(self, rounded: Callable[[float], float]) -> None:
+        """The run of "too many" loops while λ rounds to lo or below (every candidate is above it),
+        at once: λ·2^m is m doublings exactly, and rounds to the rounded λ·2^m, so the run ends at
+        the first m whose λ·2^m rounds above lo (found from log2, then checked)."""
+        lam, lo = self.threshold, self.lo
+        if lam <= 0:   # λ·2^m <= λ rounds to lo or below, for good
+            m = self.loops
         else:
-            nothing = b.arange(0, 0, like=self.acc)
-            self.candidates, self.positions = b.abs(b.take(self.acc, nothing)), nothing
-        self.threshold *= 0.1
+            start = rounded(lam)
+            m = max(1, math.floor(math.log2(lo / start)) + 1) if start > 0 and lo > 0 else 1
+            while m > 1 and rounded(math.ldexp(lam, m - 1)) > lo:
+                m -= 1
+            while m < self.loops and rounded(math.ldexp(lam, m)) <= lo:
+                m += 1
+        m = min(m, self.loops)
+        if not math.isfinite(math.ldexp(lam, m)):   # overflow: one loop at a time
+            m = 1
+        self.threshold, self.loops, self.last_too_many = math.ldexp(lam, m), self.loops - m, True
 
-    def narrow(self, above: Any) -> None:
-        """Too many: the candidates become ``above``, and λ ×2."""
-        b = self.b
-        self.last_too_many = True
-        self.candidates = (b.abs(b.take(self.acc, above)) if self.candidates is None
-                           else b.take(self.candidates, above))
-        self.positions = above if self.positions is None else b.take(self.positions, above)
-        self.threshold *= 2.0
+    def turn(self, least: float, count: int) -> None:
+        """The loop at ``least`` (λ rounded), ``count`` entries being above it with those kept."""
+        self.loops -= 1
+        self.last_too_many = count > 4 * self.k / 3
+        if count < 2 * self.k / 3:   # keep those above λ, and go on with those below
+            if least < self.hi:
+                self.hi, self.n_kept = max(least, self.lo), count
+            self.threshold *= 0.1
+        elif self.last_too_many:     # go on with those above λ
+            self.lo, self.n_above_lo = max(least, self.lo), count
+            self.threshold *= 2.0
+        else:                        # between: keep those above λ, and stop
+            self.hi, self.loops = max(least, self.lo), 0
 
-    def finish(self) -> tuple[Any, float]:
-        """The indices kept, and the last λ."""
+    def cut(self) -> float:
+        """Where the selection starts: those kept, and after a last "too many" that left fewer
+        than 2k/3 kept, the candidates too."""
+        return self.lo if self.last_too_many and self.n_kept < 2 * self.k / 3 else self.hi
+
+    def ahead(self, rounded: Callable[[float], float], count: Callable[[float], int | None]) -> list[float]:
+        """The thresholds whose counts a read should take (PROBES at most): a copy of the loop runs
+        on the counts known to the first loop that needs one that is not, then on down both ways
+        (too few, too many) to the next such loop, three deep (each way EXPLORED_LOOPS loops at
+        most); then 0, where runs of "too few" end."""
+        wanted: list[float] = []
+
+        def explore(loop: OriginalLoop, depth: int) -> None:
+            t = loop.run(rounded, count)
+            if t is None:
+                return
+            wanted.append(t)
+            for outcome in ((0, 2 * self.k) if depth > 1 else ()):   # too few, too many
+                branch = replace(loop)
+                branch.turn(rounded(branch.threshold), outcome)
+                explore(branch, depth - 1)
+
+        explore(replace(self, loops=min(self.loops, EXPLORED_LOOPS)), 3)
+        zero = [0.0] if self.lo < 0.0 < self.hi else []
+        return list(dict.fromkeys([*wanted, *zero]))[:PROBES]
+
+
+class OriginalCounts:
+    """Counts of |a| > t over one bucket's ``acc`` for ``OriginalLoop``, reading ``acc`` rarely.
+
+    A read selects the entries above one threshold and counts those above up to PROBES others (the
+    thresholds the next loops can reach). Once the entries above some ``floor`` are at most
+    HOST_ENTRIES, their magnitudes sorted on the host answer every count above it by a binary
+    search; the loops that then circle among a few clustered candidates (up to ``max_loops``
+    of them) read nothing. A count between two known points that agree is theirs (counts only
+    fall as t grows).
+    """
+
+    def __init__(self, acc: Any, numel: int, dtype: str, b: Any):
+        self.acc, self.numel, self.dtype, self.b = acc, numel, dtype, b
+        self.known: dict[float, int] = {}
+        self.floor = math.inf                       # the host holds every entry with |a| > floor
+        self.indices = self.magnitudes = None       # those entries (on the backend)
+        self.sorted = np.empty(0)                   # their magnitudes, ascending (host)
+        self.last: tuple[float, Any] | None = None  # the last read's threshold and selection
+
+    def count(self, t: float) -> int | None:
+        """Entries with |a| > t, if known without a read."""
+        if t >= self.floor:
+            return self.sorted.size - int(np.searchsorted(self.sorted, t, side="right"))
+        if t in self.known:
+            return self.known[t]
+        below = max((u for u in self.known if u < t), default=None)
+        above = min((u for u in self.known if u > t), default=self.floor)
+        high = self.count(above) if above != math.inf else None
+        return high if below is not None and self.known[below] == high else None
+
+    def read(self, ahead: list[float], lo: float) -> None:
+        """One read of ``acc`` that settles the count at ``ahead[0]`` and counts at the rest of
+        ``ahead``: it selects |a| > lo when those are known to be few (they answer every later
+        count: the loop never counts below lo), else |a| > ahead[0] unless those may be many (a
+        dense selection costs a read over again; the first read trusts the Gaussian model)."""
+        t = ahead[0]
+        few = (self.numel if lo == -math.inf else self.known.get(lo, math.inf)) <= HOST_ENTRIES
+        below = [c for u, c in self.known.items() if u < t]
+        at = lo if few else (t if not below or min(below) <= HOST_ENTRIES else math.inf)
+        probes = [u for u in ahead if u != at and u not in self.known]
+        idx, counts = self.b.select_at_least(self.acc, 0, self.numel, strictly_above(at, self.dtype),
+                                             [strictly_above(u, self.dtype) for u in probes])
+        self.known.update(zip(probes, (round(c) for c in counts), strict=True))
+        if at == math.inf:   # counted only (what it selected, the ±Inf entries, is not wanted)
+            return
+        self.known[at], self.last = self.b.numel(idx), (at, idx)
+        if self.known[at] <= HOST_ENTRIES and at < self.floor:
+            self.floor, self.indices = at, idx
+            self.magnitudes = self.b.abs(self.b.take(self.acc, idx))
+            self.sorted = np.sort(self.b.to_numpy(self.magnitudes).astype(np.float64))
+
+    def select(self, cut: float) -> Any:
+        """The ascending indices with |a| > ``cut``, from the host's entries or the last read where
+        they hold them, else from one more read."""
         b = self.b
-        if self.deferred:   # the loops ran out in a run of known "too few": one read for their bands
-            everything = b.select_at_least(self.acc, 0, self.numel, self.deferred[-1])[0]
-            self.kept += bands(self.acc, everything, self.deferred, self.deferred_from, self.dtype, b)
-        if self.last_too_many and self.n_kept < 2 * self.k / 3:
-            self.kept.append(self.positions)
-        if not self.kept:
-            return b.arange(0, 0, like=self.acc), self.threshold
-        return b.concat(self.kept), self.threshold
+        if cut == math.inf:
+            return b.arange(0, 0, like=self.acc)
+        if cut == self.floor:
+            return self.indices
+        if cut > self.floor:
+            return b.take(self.indices, b.indices_where_at_least(self.magnitudes,
+                                                                 strictly_above(cut, self.dtype)))
+        if self.last is not None and self.last[0] == cut:
+            return self.last[1]
+        return b.select_at_least(self.acc, 0, self.numel, strictly_above(cut, self.dtype))[0]
 
 
 class GaussianK(Algorithm):
@@ -304,15 +350,13 @@ class GaussianK(Algorithm):
 
     def _original(self, acc: Any, threshold: float, k: int, dtype: str, numel: int, ctx: StepContext
                   ) -> tuple[Any, float]:
-        """The "original" loop (module docstring), read off ``a`` as ``OriginalLoop`` says."""
-        loop = OriginalLoop(acc, ctx.backend, dtype, k, numel, threshold)
-        for _ in range(self.max_loops):
-            least = strictly_above(loop.threshold, dtype)
-            if loop.defer_known_too_few(least):
-                continue
-            if not loop.judge(loop.above(least), least):
-                break
-        return loop.finish()
+        """The "original" loop (module docstring): ``OriginalLoop`` on ``OriginalCounts``."""
+        loop, rounded = OriginalLoop(threshold, k, self.max_loops), rounding(dtype)
+        counts = OriginalCounts(acc, numel, dtype, ctx.backend)
+        with np.errstate(over="ignore"):   # λ beyond the dtype rounds to ±Inf, as a framework's compare
+            while loop.run(rounded, counts.count) is not None:
+                counts.read(loop.ahead(rounded, counts.count), loop.lo)
+        return counts.select(loop.cut()), loop.threshold
 
     def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, numel: int, ctx: StepContext
                  ) -> tuple[Any, float]:
