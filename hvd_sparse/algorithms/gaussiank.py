@@ -309,25 +309,36 @@ class GaussianK(Algorithm):
 
     def accumulate_select(self, residual: Any, tensors: list, control: GaussianControl, ctx: StepContext,
                           clear_inputs: bool, check_finite: bool) -> Selected:
-        """Error feedback with μ and σ taken in the accumulating pass (``Backend.accumulate_moments``),
-        then the selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the
-        same decisions. A bucket packing per-tensor steps takes each tensor's μ and σ in
-        ``select_local`` instead (None: the engine accumulates, then selects)."""
+        """Error feedback with μ and σ taken in the accumulating pass (``Backend.accumulate_moments``;
+        in a bucket packing per-tensor steps each tensor's, ``accumulate_segment_moments``), then the
+        selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the same
+        decisions."""
+        b, options = ctx.backend, (clear_inputs, check_finite, ctx.momentum)
         if ctx.members:
-            return None
-        acc, moments, finite = ctx.backend.accumulate_moments(residual, tensors, clear_inputs, check_finite,
-                                                             ctx.momentum)
+            acc, moments, finite = b.accumulate_segment_moments(residual, tensors, list(ctx.sizes), *options)
+        else:
+            acc, whole, finite = b.accumulate_moments(residual, tensors, *options)
+            moments = [whole]
         if not finite:
             return Selected(acc, None, [], False)
-        return Selected(acc, self._select(acc, *moments, control, ctx.numel, ctx), [], True)
+        return Selected(acc, self._select_tensors(acc, moments, control, ctx), [], True)
 
     def select_local(self, acc: Any, control: GaussianControl, ctx: StepContext) -> Any:
-        """The selection from μ and σ (``Backend.mean_std``) of ``acc``, or of each tensor of a
-        bucket packing per-tensor steps on its own (``select_per_tensor``); λ is then their mean."""
-        b, thresholds = ctx.backend, []
+        """The selection from μ and σ (``Backend.mean_std``) of ``acc``, or of each tensor of a bucket
+        packing per-tensor steps."""
+        b = ctx.backend
+        moments = [b.mean_std(b.slice(acc, offset, offset + size))
+                   for offset, size, _ in self.tensor_segments(ctx)]
+        return self._select_tensors(acc, moments, control, ctx)
+
+    def _select_tensors(self, acc: Any, moments: list[tuple[float, float]], control: GaussianControl,
+                        ctx: StepContext) -> Any:
+        """The selection in each tensor of ``tensor_segments`` on its own (``select_per_tensor``), from
+        its (μ, σ) in ``moments``; λ is then their mean."""
+        thresholds, tensor_moments = [], iter(moments)
 
         def select(part: Any, numel: int) -> Any:
-            idx = self._select(part, *b.mean_std(part), control, numel, ctx)
+            idx = self._select(part, *next(tensor_moments), control, numel, ctx)
             thresholds.append(control.threshold)
             return idx
 

@@ -18,6 +18,7 @@ exact.py, below both.
 
 from __future__ import annotations
 
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -285,6 +286,18 @@ class Backend:
             return Moments(residual, None, False)
         acc = self.accumulate(residual, tensors, clear_inputs, momentum)
         return Moments(acc, self.mean_std(acc), True)
+
+    def accumulate_segment_moments(self, residual: Array, tensors: list[Array], lengths: list[int],
+                                   clear_inputs: bool = False, check_finite: bool = False,
+                                   momentum: Momentum | None = None) -> Moments:
+        """``accumulate_moments`` with the moments of each consecutive segment (``lengths``) of the
+        result, a list: Gaussian-k's packed per-tensor steps, each tensor's μ and σ its own."""
+        if check_finite and not self.tensors_finite(tensors):
+            return Moments(residual, None, False)
+        acc = self.accumulate(residual, tensors, clear_inputs, momentum)
+        starts = np.cumsum([0, *lengths]).tolist()
+        return Moments(acc, [self.mean_std(self.slice(acc, lo, hi)) for lo, hi in itertools.pairwise(starts)],
+                       True)
 
     def accumulate_norms(self, residual: Array, tensors: list[Array], lengths: list[int],
                          momentum: Momentum | None = None) -> Norms:

@@ -39,10 +39,11 @@ class Selected(NamedTuple):
 
 class Moments(NamedTuple):
     """``accumulate_moments``' result: the accumulated vector, its (mean, std) as ``mean_std``
-    gives them, and whether the inputs were finite (not finite: nothing written, moments None)."""
+    gives them (``accumulate_segment_moments``: a list, each segment's), and whether the inputs
+    were finite (not finite: nothing written, moments None)."""
 
     acc: Array
-    moments: tuple[float, float] | None
+    moments: tuple[float, float] | list[tuple[float, float]] | None
     finite: bool
 
 
@@ -131,6 +132,10 @@ class KernelOps(Protocol):
     def accumulate_moments(self, residual: Array, tensors: list[Array], clear_inputs: bool,
                            check_finite: bool) -> Moments | None:
         """``accumulate``, then ``mean_std`` of the result."""
+
+    def accumulate_segment_moments(self, residual: Array, tensors: list[Array], lengths: list[int],
+                                   clear_inputs: bool, check_finite: bool) -> Moments | None:
+        """``accumulate``, then ``mean_std`` of each consecutive segment of the result."""
 
     def accumulate_norms(self, residual: Array, tensors: list[Array], lengths: list[int]) -> Norms | None:
         """``accumulate``, then ``segment_norms`` of the result."""

@@ -247,6 +247,16 @@ class TorchBackend(Backend):
             return done
         return super().accumulate_moments(residual, tensors, clear_inputs, check_finite)
 
+    def accumulate_segment_moments(self, residual, tensors, lengths, clear_inputs=False, check_finite=False,
+                                   momentum=None):
+        ops = None if momentum is not None else kernels.ops_for(residual)
+        done = None if ops is None else ops.accumulate_segment_moments(residual, tensors, list(lengths),
+                                                                       clear_inputs, check_finite)
+        if done is not None:
+            return done
+        return super().accumulate_segment_moments(residual, tensors, lengths, clear_inputs, check_finite,
+                                                  momentum)
+
     def accumulate_norms(self, residual, tensors, lengths, momentum=None):
         if momentum is not None:
             return super().accumulate_norms(residual, tensors, lengths, momentum)

@@ -243,11 +243,13 @@ struct Moments {
     void visit(const R* r, int64_t, int64_t len) { sums.add(r, len); }
 };
 
-// DEFT's sums of squares of consecutive segments of the accumulated vector (sums.h).
-struct SegmentSquares {
+// Sums S (sums.h) of each of consecutive segments of the accumulated vector: DEFT's sums of
+// squares (SquareSums), Gaussian-k's moments of each tensor of a packed bucket (MomentSums).
+template <typename S>
+struct Segments {
     const int64_t* lengths = nullptr;
     int64_t count = 0;                      // segments (at least one)
-    hvd_sparse::SquareSums* sums = nullptr;
+    S* sums = nullptr;
     int64_t segment = 0, segment_end = 0;   // the segment of the last piece, and where it ends
 
     int64_t piece_end(int64_t at) {
@@ -433,6 +435,28 @@ int64_t run_momentum(void* residual, const void* const* inputs, const int* dtype
 
 }  // namespace
 
+// residual += the inputs, feeding each of the count consecutive segments of the result (lengths)
+// to its own sums S. 0, or -1 for an unsupported dtype or lengths that do not add up to the inputs.
+template <typename S>
+int accumulate_segments(void* residual, int residual_dtype, const void* const* inputs, const int* dtypes,
+                        const int64_t* sizes, int num_inputs, int clear, const int64_t* lengths, int64_t count,
+                        S* sums) {
+    if (!valid_inputs(dtypes, num_inputs) || count < 1) return -1;
+    int64_t total = 0, covered = 0;
+    for (int k = 0; k < num_inputs; ++k) total += sizes[k];
+    for (int64_t s = 0; s < count; ++s) {
+        if (lengths[s] < 0) return -1;
+        covered += lengths[s];
+    }
+    if (covered != total) return -1;   // a piece must never run past the last segment
+    Segments<S> v;
+    v.lengths = lengths; v.count = count; v.sums = sums; v.segment_end = lengths[0];
+    if (residual_dtype == F32) accumulate_all<float>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, v);
+    else if (residual_dtype == F64) accumulate_all<double>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, v);
+    else return -1;
+    return 0;
+}
+
 extern "C" {
 
 // 1 when no entry of the n values at data (dtype code) is NaN or Inf.
@@ -523,23 +547,35 @@ int hvd_sparse_accumulate_moments(void* residual, int residual_dtype, const void
 int hvd_sparse_accumulate_norms(void* residual, int residual_dtype, const void* const* inputs,
                                 const int* dtypes, const int64_t* sizes, int num_inputs, int clear,
                                 const int64_t* lengths, int64_t count, double* sums, int64_t* depths) {
-    if (!valid_inputs(dtypes, num_inputs) || count < 1) return -1;
-    int64_t total = 0, covered = 0;
-    for (int k = 0; k < num_inputs; ++k) total += sizes[k];
-    for (int64_t s = 0; s < count; ++s) {
-        if (lengths[s] < 0) return -1;
-        covered += lengths[s];
-    }
-    if (covered != total) return -1;   // a piece must never run past the last segment
+    if (count < 1) return -1;
     std::vector<hvd_sparse::SquareSums> squares(count);
-    SegmentSquares v;
-    v.lengths = lengths; v.count = count; v.sums = squares.data(); v.segment_end = lengths[0];
-    if (residual_dtype == F32) accumulate_all<float>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, v);
-    else if (residual_dtype == F64) accumulate_all<double>(residual, inputs, dtypes, sizes, num_inputs, clear != 0, v);
-    else return -1;
+    if (accumulate_segments(residual, residual_dtype, inputs, dtypes, sizes, num_inputs, clear, lengths, count,
+                            squares.data()) != 0)
+        return -1;
     for (int64_t s = 0; s < count; ++s) {
         sums[s] = squares[s].sums.total(0);
         depths[s] = squares[s].depth();
+    }
+    return 0;
+}
+
+// hvd_sparse_accumulate_moments for each of the count consecutive segments of the result
+// (lengths, adding up to the residual's size; count >= 1): sums[3s..3s+2] = the segment's shift,
+// Σd and Σd², depths[s] their roundings. An empty segment has sums 0 and depth 0. Returns 0, or
+// -1 for an unsupported dtype or invalid lengths.
+int hvd_sparse_accumulate_segment_moments(void* residual, int residual_dtype, const void* const* inputs,
+                                          const int* dtypes, const int64_t* sizes, int num_inputs, int clear,
+                                          const int64_t* lengths, int64_t count, double* sums,
+                                          int64_t* depths) {
+    std::vector<hvd_sparse::MomentSums> moments(count > 0 ? count : 0);
+    if (accumulate_segments(residual, residual_dtype, inputs, dtypes, sizes, num_inputs, clear, lengths, count,
+                            moments.data()) != 0)
+        return -1;
+    for (int64_t s = 0; s < count; ++s) {
+        sums[3 * s] = moments[s].shift;
+        sums[3 * s + 1] = moments[s].sums.total(0);
+        sums[3 * s + 2] = moments[s].sums.total(1);
+        depths[s] = moments[s].depth();
     }
     return 0;
 }

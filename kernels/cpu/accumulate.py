@@ -35,6 +35,8 @@ _accumulate_moments = bind("hvd_sparse_accumulate_moments", ctypes.c_int,
                            [*_INPUTS, ctypes.POINTER(ctypes.c_double), ctypes.POINTER(_i64)])
 _accumulate_norms = bind("hvd_sparse_accumulate_norms", ctypes.c_int,
                          [*_INPUTS, _ptr, _i64, _ptr, _ptr])
+_accumulate_segment_moments = bind("hvd_sparse_accumulate_segment_moments", ctypes.c_int,
+                                   [*_INPUTS, _ptr, _i64, _ptr, _ptr])
 _momentum_accumulate_select = bind(
     "hvd_sparse_momentum_accumulate_select", _i64,
     [*_INPUTS, _ptr, ctypes.c_double, ctypes.c_int, ctypes.c_int, _i64, _i64, *_SELECTION])
@@ -241,6 +243,30 @@ def accumulate_moments(residual: torch.Tensor, tensors: list[torch.Tensor], clea
     shift, t1, t2 = sums
     return Moments(residual, mean_std_from_sums(residual.numel(), shift, t1, t2, depth.value,
                                                 lambda: residual, exact_mean_std), True)
+
+
+def accumulate_segment_moments(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int],
+                               clear_inputs: bool, check_finite: bool) -> Moments | None:
+    """``accumulate_moments`` for each consecutive segment of the result (``lengths``): one pass,
+    each segment's (mean, std) as ``mean_std`` of its slice gives it (Gaussian-k's packed
+    per-tensor steps)."""
+    if (not _supported(residual, tensors) or not lengths or any(length < 0 for length in lengths)
+            or sum(lengths) != residual.numel()):
+        return None
+    if check_finite and not all_finite(tensors):
+        return Moments(residual, None, False)
+    sizes = np.ascontiguousarray(lengths, dtype=np.int64)
+    sums = np.zeros((len(lengths), 3), dtype=np.float64)
+    depths = np.zeros(len(lengths), dtype=np.int64)
+    if _accumulating(residual, tensors, clear_inputs, _accumulate_segment_moments, sizes.ctypes.data,
+                     len(lengths), sums.ctypes.data, depths.ctypes.data) < 0:
+        return None
+    starts = np.cumsum([0, *lengths[:-1]]).tolist()
+    moments = [mean_std_from_sums(n, shift, t1, t2, depth, lambda lo=lo, n=n: residual[lo:lo + n],
+                                  exact_mean_std)
+               for n, lo, (shift, t1, t2), depth in zip(lengths, starts, sums.tolist(), depths.tolist(),
+                                                        strict=True)]
+    return Moments(residual, moments, True)
 
 
 def accumulate_norms(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int]

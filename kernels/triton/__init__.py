@@ -17,6 +17,7 @@ named result of the backend op it replaces), with the reference's results bit fo
 * ``topk_abs(x, k, index_dtype)``                            -- 0 (the output size is k)
 * ``mean_std(x)``, ``segment_norms(x, lengths)``               -- 1 (the sums; sums.py)
 * ``accumulate_moments(residual, tensors, clear_inputs, check_finite)``,
+  ``accumulate_segment_moments(...)`` (None: no fused op yet, the reference composition runs),
   ``accumulate_norms(residual, tensors, lengths)``           -- 1 (the finite flag with the sums)
 * ``momentum_accumulate(residual, momentum, tensors, factor, nesterov)``  -- 0
 * ``momentum_accumulate_select(residual, momentum, tensors, factor, nesterov, lo, hi, threshold,
@@ -69,13 +70,13 @@ from .accumulate import (
     momentum_accumulate,
     momentum_accumulate_select,
 )
-from .sums import accumulate_moments, accumulate_norms, mean_std, segment_norms
+from .sums import accumulate_moments, accumulate_norms, accumulate_segment_moments, mean_std, segment_norms
 from .topk import topk_abs
 
 # Ops of the contract without a GPU kernel: the torch ops are already one pass there.
 clear = select_at_least = sampled_threshold_select = zero_at = put_at = not_handled
 
 __all__ = ["accumulate", "accumulate_if_finite", "accumulate_moments", "accumulate_norms",
-           "accumulate_select", "accumulate_select_if_finite", "all_finite", "clear", "finite_flag",
-           "mean_std", "momentum_accumulate", "momentum_accumulate_select", "put_at",
+           "accumulate_segment_moments", "accumulate_select", "accumulate_select_if_finite", "all_finite",
+           "clear", "finite_flag", "mean_std", "momentum_accumulate", "momentum_accumulate_select", "put_at",
            "sampled_threshold_select", "segment_norms", "select_at_least", "topk_abs", "zero_at"]

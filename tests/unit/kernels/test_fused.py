@@ -67,6 +67,35 @@ def test_accumulate_moments_is_accumulate_then_mean_std(residual_dtype, clear, c
 
 
 @needs_kernels
+@pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("clear", [False, True])
+@pytest.mark.parametrize("check_finite", [False, True])
+def test_accumulate_segment_moments_is_accumulate_then_each_segments_mean_std(residual_dtype, clear,
+                                                                             check_finite):
+    """Segments that do not follow the inputs' boundaries, one of a single entry, one empty."""
+    cpu_ops()
+    lengths = [1, 999, 0, 1500, 1278]
+    for name, x in kinds(3001, 6).items():
+        inputs = bucket(x)
+        start = (torch.randn(sum(lengths), dtype=torch.float64) * 0.3).to(residual_dtype)
+        want_inputs, got_inputs = clones(inputs), clones(inputs)
+        options = (lengths, clear, check_finite)
+        want = reference(TB.accumulate_segment_moments, start.clone(), want_inputs, *options)
+        got = TB.accumulate_segment_moments(start.clone(), got_inputs, *options)
+        where = f"{name} {residual_dtype} clear={clear} check={check_finite}"
+        assert same(got[0], want[0]) and got[2] is want[2], where
+        assert same_floats(got[1], want[1]), (where, got[1], want[1])
+        assert got[2] is (not check_finite or name != "nonfinite"), where
+        if got[2]:   # the reference composition is accumulate, then each slice's mean_std
+            ends = np.cumsum(lengths).tolist()
+            each = [TB.mean_std(got[0][end - n:end]) for n, end in zip(lengths, ends, strict=True)]
+            assert same_floats(got[1], each), where
+        for a, b in zip(got_inputs, want_inputs, strict=True):
+            assert same(a, b), where
+    assert cpu_ops().accumulate_segment_moments(torch.zeros(5), [torch.ones(5)], [2, 2], False, False) is None
+
+
+@needs_kernels
 def test_accumulate_moments_kernel_runs_and_writes_nothing_on_a_non_finite_input():
     ops = cpu_ops()
     residual, inputs = torch.randn(10), [torch.randn(4), torch.randn(6).half()]
