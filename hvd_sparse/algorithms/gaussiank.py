@@ -66,6 +66,10 @@ EXPLORED_LOOPS = 32      # "original": loops a read's lookahead follows on known
 class GaussianControl:
     """One bucket's control state on this rank."""
     threshold: float | None = None   # the last λ this rank used for the bucket
+    # "original", each tensor of the bucket: where its last step's reads settled, over its λ
+    # rounded (None: nowhere). Only a hint where the next step's first read selects: no decision
+    # depends on it.
+    settled: tuple[float | None, ...] | None = None
 
 
 def strictly_above(threshold: float, dtype: str) -> float:
@@ -104,39 +108,47 @@ def rounding(dtype: str) -> Callable[[float], float]:
     return rounded
 
 
+FEW, BETWEEN, MANY = -1, 0, 1   # where a count falls: below 2k/3, in [2k/3, 4k/3], above 4k/3
+
+
+def region(count: float, k: int) -> int:
+    """FEW, BETWEEN or MANY: all the "original" loop asks of a count."""
+    return FEW if count < 2 * k / 3 else (MANY if count > 4 * k / 3 else BETWEEN)
+
+
 @dataclass
 class OriginalLoop:
     """The "original" loop in threshold form (pure: no tensor in sight).
 
     Each rule cuts the candidates at λ: "too few" keeps those above it and leaves those below,
     "too many" leaves those above. So the candidates are always the entries with lo < |a| <= hi
-    and those kept the entries with |a| > hi; every count the loop judges is a count of |a| > t,
-    and it ends with one selection, |a| > ``cut()``. These are the mask form's decisions
-    (tests/reference/gaussiank.py), made on counts (``OriginalCounts``).
+    and those kept the entries with |a| > hi, and the loop ends with one selection, |a| >
+    ``cut()``. Each loop asks only where the count of |a| > t falls (``region``): those kept are
+    always FEW (they grow only by a FEW count) and, once lo is a λ, those above lo MANY. These are
+    the mask form's decisions (tests/reference/gaussiank.py), made on counts (``OriginalCounts``).
     """
 
     threshold: float                 # λ of the next loop
     k: int
     loops: int                       # loops left
-    lo: float = -math.inf
+    lo: float = -math.inf            # a λ once a loop found MANY
     hi: float = math.inf
-    n_kept: int = 0                  # entries with |a| > hi
-    n_above_lo: int | None = None    # entries with |a| > lo, once lo is a λ
     last_too_many: bool = False
 
-    def run(self, rounded: Callable[[float], float], count: Callable[[float], int | None]) -> float | None:
-        """Run loops (λ rounded by ``rounded``) while their counts are known: the loop's own (no
-        candidate above λ, or all of them) or ``count``'s. Returns the t whose count of |a| > t the
-        next loop needs and ``count`` lacks, or None once the loop has ended."""
+    def run(self, rounded: Callable[[float], float], where: Callable[[float], int | None]) -> float | None:
+        """Run loops (λ rounded by ``rounded``) while it is known where their counts fall: by the
+        loop itself (no candidate above λ, or all of them) or by ``where``. Returns the t whose
+        count of |a| > t the next loop needs and ``where`` does not place, or None once the loop
+        has ended."""
         while self.loops > 0:
             least = rounded(self.threshold)
-            if not least < self.hi:   # NaN included
-                known = self.n_kept
-            elif least <= self.lo and self.n_above_lo is not None:
+            if not least < self.hi:   # NaN included: only those kept
+                known = FEW
+            elif least <= self.lo > -math.inf:   # all candidates
                 self.double_up_to_lo(rounded)
                 continue
             else:
-                known = count(max(least, self.lo))
+                known = where(max(least, self.lo))
                 if known is None:
                     return max(least, self.lo)
             self.turn(least, known)
@@ -161,60 +173,53 @@ class OriginalLoop:
             m = 1
         self.threshold, self.loops, self.last_too_many = math.ldexp(lam, m), self.loops - m, True
 
-    def turn(self, least: float, count: int) -> None:
-        """The loop at ``least`` (λ rounded), ``count`` entries being above it with those kept."""
+    def turn(self, least: float, known: int) -> None:
+        """The loop at ``least`` (λ rounded), the count above it with those kept being ``known``."""
         self.loops -= 1
-        self.last_too_many = count > 4 * self.k / 3
-        if count < 2 * self.k / 3:   # keep those above λ, and go on with those below
+        self.last_too_many = known == MANY
+        if known == FEW:             # keep those above λ, and go on with those below
             if least < self.hi:
-                self.hi, self.n_kept = max(least, self.lo), count
+                self.hi = max(least, self.lo)
             self.threshold *= 0.1
-        elif self.last_too_many:     # go on with those above λ
-            self.lo, self.n_above_lo = max(least, self.lo), count
+        elif known == MANY:          # go on with those above λ
+            self.lo = max(least, self.lo)
             self.threshold *= 2.0
         else:                        # between: keep those above λ, and stop
             self.hi, self.loops = max(least, self.lo), 0
 
     def cut(self) -> float:
-        """Where the selection starts: those kept, and after a last "too many" that left fewer
-        than 2k/3 kept, the candidates too."""
-        return self.lo if self.last_too_many and self.n_kept < 2 * self.k / 3 else self.hi
+        """Where the selection starts: those kept, and after a last "too many" (those kept being
+        fewer than 2k/3) the candidates too."""
+        return self.lo if self.last_too_many else self.hi
 
-    def ahead(self, rounded: Callable[[float], float], count: Callable[[float], int | None]) -> list[float]:
-        """The thresholds whose counts a read should take (PROBES at most): a copy of the loop runs
-        on the counts known to the first loop that needs one that is not, then on down both ways
-        (too few, too many) to the next such loop, three deep (each way EXPLORED_LOOPS loops at
-        most); then 0, where runs of "too few" end."""
-        wanted: list[float] = []
-
-        def explore(loop: OriginalLoop, depth: int) -> None:
-            t = loop.run(rounded, count)
-            if t is None:
-                return
-            wanted.append(t)
-            for outcome in ((0, 2 * self.k) if depth > 1 else ()):   # too few, too many
-                branch = replace(loop)
-                branch.turn(rounded(branch.threshold), outcome)
-                explore(branch, depth - 1)
-
-        explore(replace(self, loops=min(self.loops, EXPLORED_LOOPS)), 3)
-        zero = [0.0] if self.lo < 0.0 < self.hi else []
-        return list(dict.fromkeys([*wanted, *zero]))[:PROBES]
+    def ahead(self, rounded: Callable[[float], float], where: Callable[[float], int | None]) -> list[float]:
+        """Where the loop needs a count next, then where it needs one after that either way (too
+        few, too many): a copy of it runs on the counts ``where`` places, EXPLORED_LOOPS loops at
+        most each way."""
+        first = replace(self, loops=min(self.loops, EXPLORED_LOOPS))
+        wanted = [first.run(rounded, where)]
+        for outcome in (FEW, MANY):
+            branch = replace(first)
+            branch.turn(rounded(branch.threshold), outcome)
+            wanted.append(branch.run(rounded, where))
+        return [t for t in dict.fromkeys(wanted) if t is not None]
 
 
 class OriginalCounts:
-    """Counts of |a| > t over one bucket's ``acc`` for ``OriginalLoop``, reading ``acc`` rarely.
+    """Where the counts of |a| > t fall for ``OriginalLoop``, over one bucket's ``acc``, which it
+    reads rarely.
 
     A read selects the entries above one threshold and counts those above up to PROBES others (the
-    thresholds the next loops can reach). Once the entries above some ``floor`` are at most
-    HOST_ENTRIES, their magnitudes sorted on the host answer every count above it by a binary
-    search; the loops that then circle among a few clustered candidates (up to ``max_loops``
-    of them) read nothing. A count between two known points that agree is theirs (counts only
-    fall as t grows).
+    thresholds the next loops can reach). Counts only fall as t grows, so a count known at u <= t
+    bounds that at t from above and one at u >= t from below: where both bounds fall alike, so
+    does the count. Once the entries above some ``floor`` are known to be at most HOST_ENTRIES, a
+    read selects them, and their magnitudes sorted on the host count above the floor by a binary
+    search: the loops that circle among a few clustered candidates (up to 100) read nothing.
     """
 
-    def __init__(self, acc: Any, numel: int, dtype: str, b: Any):
-        self.acc, self.numel, self.dtype, self.b = acc, numel, dtype, b
+    def __init__(self, acc: Any, numel: int, dtype: str, k: int, b: Any, first: float | None = None):
+        self.acc, self.numel, self.dtype, self.k, self.b = acc, numel, dtype, k, b
+        self.first = first                          # where the first read selects (default: ahead[0])
         self.known: dict[float, int] = {}
         self.floor = math.inf                       # the host holds every entry with |a| > floor
         self.indices = self.magnitudes = None       # those entries (on the backend)
@@ -222,26 +227,47 @@ class OriginalCounts:
         self.last: tuple[float, Any] | None = None  # the last read's threshold and selection
 
     def count(self, t: float) -> int | None:
-        """Entries with |a| > t, if known without a read."""
+        """Entries with |a| > t, where known exactly without a read."""
         if t >= self.floor:
             return self.sorted.size - int(np.searchsorted(self.sorted, t, side="right"))
-        if t in self.known:
-            return self.known[t]
-        below = max((u for u in self.known if u < t), default=None)
-        above = min((u for u in self.known if u > t), default=self.floor)
-        high = self.count(above) if above != math.inf else None
-        return high if below is not None and self.known[below] == high else None
+        return self.known.get(t)
 
-    def read(self, ahead: list[float], lo: float) -> None:
-        """One read of ``acc`` that settles the count at ``ahead[0]`` and counts at the rest of
-        ``ahead``: it selects |a| > lo when those are known to be few (they answer every later
-        count: the loop never counts below lo), else |a| > ahead[0] unless those may be many (a
-        dense selection costs a read over again; the first read trusts the Gaussian model)."""
-        t = ahead[0]
-        few = (self.numel if lo == -math.inf else self.known.get(lo, math.inf)) <= HOST_ENTRIES
-        below = [c for u, c in self.known.items() if u < t]
-        at = lo if few else (t if not below or min(below) <= HOST_ENTRIES else math.inf)
-        probes = [u for u in ahead if u != at and u not in self.known]
+    def bounds(self, t: float) -> tuple[float, float]:
+        """Bounds on the count of |a| > t from the counts known at other thresholds."""
+        high = min((c for u, c in self.known.items() if u <= t), default=self.numel)
+        low = max((c for u, c in self.known.items() if u >= t), default=0)
+        return high, max(low, self.sorted.size if t < self.floor < math.inf else 0)
+
+    def where(self, t: float) -> int | None:
+        """``region`` of the count of |a| > t, where known without a read."""
+        exact = self.count(t)
+        if exact is not None:
+            return region(exact, self.k)
+        high, low = self.bounds(t)
+        return region(high, self.k) if region(high, self.k) == region(low, self.k) else None
+
+    def read(self, ahead: list[float], rounded: Callable[[float], float]) -> None:
+        """One read of ``acc`` that settles the count at ``ahead[0]`` (where the loop stands).
+
+        Where a threshold is known to leave more than 4k/3 but at most HOST_ENTRIES, the read
+        selects above the one of them that leaves the fewest: the host's entries then answer every
+        count from there up, and below it every count is more than 4k/3. Otherwise it
+        selects above ``ahead[0]`` unless that may select many (a dense selection costs a read over
+        again; a first read trusts the Gaussian model), and counts at the next thresholds the loop
+        may need (``ahead``) and at a ladder that looks for such a threshold (``ladder``)."""
+        t, settling = ahead[0], self.settling()
+        if self.numel <= HOST_ENTRIES:   # the whole vector
+            at, wanted = -math.inf, []
+        elif settling is not None:       # the fewest that settle every count
+            at, wanted = settling, []
+        elif self.known:
+            at = t if self.bounds(t)[0] <= HOST_ENTRIES else math.inf
+            wanted = [*ahead, 0.0, *self.ladder(t, rounded)]
+        elif self.first is not None:   # a first read at the hint (``GaussianControl.settled``): it
+            at, wanted = self.first, [t, 0.0]   # likely settles every count, so it counts little
+        else:                          # a first read where the loop stands
+            at, wanted = t, [0.0, *self.ladder(t, rounded)]
+        probes = [u for u in dict.fromkeys(wanted) if u != at and u not in self.known][:PROBES]
         idx, counts = self.b.select_at_least(self.acc, 0, self.numel, strictly_above(at, self.dtype),
                                              [strictly_above(u, self.dtype) for u in probes])
         self.known.update(zip(probes, (round(c) for c in counts), strict=True))
@@ -252,6 +278,32 @@ class OriginalCounts:
             self.floor, self.indices = at, idx
             self.magnitudes = self.b.abs(self.b.take(self.acc, idx))
             self.sorted = np.sort(self.b.to_numpy(self.magnitudes).astype(np.float64))
+
+    def settling(self) -> float | None:
+        """The known threshold that leaves the fewest entries above 4k/3 but at most HOST_ENTRIES:
+        selected, those answer every count that remains (None: none known)."""
+        k = self.k
+        return min(((c, u) for u, c in self.known.items() if 4 * k / 3 < c <= HOST_ENTRIES),
+                   default=(None, None))[1]
+
+    def ladder(self, t: float, rounded: Callable[[float], float]) -> list[float]:
+        """Thresholds to count at in search of one that leaves more than 4k/3 but at most
+        HOST_ENTRIES: spaced evenly in log |a| between the highest known to leave more than
+        HOST_ENTRIES and the lowest known to leave at most 4k/3, or around t while neither is."""
+        k = self.k
+        above = [u for u, c in self.known.items() if c > HOST_ENTRIES and u > 0]
+        below = [u for u, c in self.known.items() if c <= 4 * k / 3 and u > 0]
+        low, high = max(above, default=None), min(below, default=None)
+        if low is not None and high is not None and low < high:
+            factors = [(high / low) ** (i / 6) for i in range(1, 6)]
+            base = low
+        elif high is not None:
+            factors, base = [0.85, 0.7, 0.5, 0.3, 0.1, 0.03], high
+        elif low is not None:
+            factors, base = [1.2, 1.5, 2.0, 3.0, 5.0, 10.0], low
+        else:
+            factors, base = [0.85, 0.7, 0.5, 0.3, 0.1, 1.3, 2.0], t
+        return [rounded(base * f) for f in factors] if base > 0 else []
 
     def select(self, cut: float) -> Any:
         """The ascending indices with |a| > ``cut``, from the host's entries or the last read where
@@ -335,39 +387,45 @@ class GaussianK(Algorithm):
                         ctx: StepContext) -> Any:
         """The selection in each tensor of ``tensor_segments`` on its own (``select_per_tensor``), from
         its (μ, σ) in ``moments``; λ is then their mean."""
-        thresholds, tensor_moments = [], iter(moments)
+        thresholds, settled, tensor_moments = [], [], iter(moments)
+        hints = control.settled or ()
 
         def select(part: Any, numel: int) -> Any:
-            idx = self._select(part, *next(tensor_moments), control, numel, ctx)
-            thresholds.append(control.threshold)
+            hint = hints[len(settled)] if len(settled) < len(hints) else None
+            idx, threshold, settles = self._select(part, *next(tensor_moments), numel, hint, ctx)
+            thresholds.append(threshold)
+            settled.append(settles)
             return idx
 
         idx = self.select_per_tensor(acc, control, ctx, select)
-        control.threshold = float(np.mean(thresholds))
+        control.threshold, control.settled = float(np.mean(thresholds)), tuple(settled)
         return idx
 
-    def _select(self, acc: Any, mean: float, std: float, control: GaussianControl, numel: int,
-                ctx: StepContext) -> Any:
-        """The loop of ``variant`` on ``acc`` of ``numel`` entries (a bucket, or one tensor of it)."""
+    def _select(self, acc: Any, mean: float, std: float, numel: int, hint: float | None, ctx: StepContext
+                ) -> tuple[Any, float, float | None]:
+        """The loop of ``variant`` on ``acc`` of ``numel`` entries (a bucket, or one tensor of it):
+        the indices, the last λ, and where "original"'s reads settled (``GaussianControl``)."""
         k = self.k(numel, self.step_density(ctx))
         threshold = self.initial_threshold(mean, std, self.step_density(ctx))
         dtype = ctx.backend.dtype_name(acc)
         if self.variant == "rescale":
-            idx, threshold = self._rescale(acc, threshold, k, dtype, numel, ctx)
-        else:
-            idx, threshold = self._original(acc, threshold, k, dtype, numel, ctx)
-        control.threshold = threshold
-        return idx
+            return *self._rescale(acc, threshold, k, dtype, numel, ctx), None
+        return self._original(acc, threshold, k, dtype, numel, hint, ctx)
 
-    def _original(self, acc: Any, threshold: float, k: int, dtype: str, numel: int, ctx: StepContext
-                  ) -> tuple[Any, float]:
-        """The "original" loop (module docstring): ``OriginalLoop`` on ``OriginalCounts``."""
+    def _original(self, acc: Any, threshold: float, k: int, dtype: str, numel: int, hint: float | None,
+                  ctx: StepContext) -> tuple[Any, float, float | None]:
+        """The "original" loop (module docstring): ``OriginalLoop`` on ``OriginalCounts``, whose first
+        read selects at ``hint`` times λ rounded (where the last step's settled), else at λ."""
         loop, rounded = OriginalLoop(threshold, k, self.max_loops), rounding(dtype)
-        counts = OriginalCounts(acc, numel, dtype, ctx.backend)
+        start = rounded(threshold)
+        first = rounded(start * hint) if hint is not None and start > 0 else None
+        counts = OriginalCounts(acc, numel, dtype, k, ctx.backend, first)
         with np.errstate(over="ignore"):   # λ beyond the dtype rounds to ±Inf, as a framework's compare
-            while loop.run(rounded, counts.count) is not None:
-                counts.read(loop.ahead(rounded, counts.count), loop.lo)
-        return counts.select(loop.cut()), loop.threshold
+            while loop.run(rounded, counts.where) is not None:
+                counts.read(loop.ahead(rounded, counts.where), rounded)
+        settling = counts.settling()
+        settled = settling / start if settling is not None and settling > 0 and start > 0 else None
+        return counts.select(loop.cut()), loop.threshold, settled
 
     def _rescale(self, acc: Any, threshold: float, k: int, dtype: str, numel: int, ctx: StepContext
                  ) -> tuple[Any, float]:

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import copy
 import warnings
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -308,6 +309,36 @@ def test_original_matches_the_mask_reference(max_loops, host_entries, monkeypatc
             assert np.array_equal(got, want), where
             if host_entries >= x.size:   # one read of everything: the loop runs on the host
                 assert reads == 1, f"{where}: {reads} reads"
+
+
+@pytest.mark.parametrize("host_entries", [1000, 3000])
+def test_original_decides_alike_whatever_the_last_steps_hint(host_entries, monkeypatch):
+    """Each step's first read selects where the last step's reads settled (relative to λ): on
+    vectors alike from step to step, and on every change of distribution between steps (the hint
+    then misleads), the decisions are the mask form's, and alike vectors take one read a step."""
+    monkeypatch.setattr(gaussiank, "HOST_ENTRIES", host_entries)
+    algorithm = GaussianK(0.01)
+    ctx = StepContext(rank=0, size=1, step=0, key="t", numel=20_000, backend=TB)
+    control = algorithm.init_control(ctx)
+    steps = [*distributions(20_000).items(), *distributions(20_001).items()]   # each hint misleads
+    for name, values in list(distributions(20_002).items())[:4]:   # alike twice
+        steps += [(name, values), (f"{name} again", values * 1.01 + 1e-3 * np.roll(values, 1))]
+    reads = []
+    original = TB.select_at_least
+
+    class Counting(type(TB)):
+        def select_at_least(self, *args, **kwargs):
+            reads.append(args[3])
+            return original(*args, **kwargs)
+
+    ctx = replace(ctx, backend=Counting())
+    for name, values in steps:
+        x = torch.from_numpy(values[:20_000].astype(np.float32))
+        reads.clear()
+        got = np.sort(TB.to_numpy(algorithm.select_local(x, control, ctx)).astype(np.int64))
+        assert np.array_equal(got, gaussiank_original(x.numpy(), 0.01)), f"{name}, hint {control.settled}"
+        if name.endswith("again"):
+            assert len(reads) == 1, f"{name}: {len(reads)} reads"
 
 
 def test_original_reads_an_all_zero_vector_once():
