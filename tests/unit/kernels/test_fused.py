@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copy
 import warnings
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -19,6 +18,7 @@ from hvd_sparse.algorithms.base import Algorithm, StepContext
 from hvd_sparse.algorithms.gaussiank import rescale_tree, strictly_above
 from hvd_sparse.backends import exact as numerics
 from hvd_sparse.backends import get_backend
+from hvd_sparse.backends.base import Backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.reference.gaussiank import gaussiank_original, gaussiank_rescale
@@ -206,9 +206,8 @@ def test_clear_zeroes_like_zero_():
 
 
 # --- Gaussian-k -------------------------------------------------------------------------------------------
-def select_counting_reads(algorithm, x: torch.Tensor) -> tuple[np.ndarray, float, int]:
-    """(indices, threshold, reads of the vector by select_at_least) of ``select_local``."""
-    reads = []
+def counting_reads(reads: list) -> Backend:
+    """The torch backend, noting in ``reads`` the threshold of each read (``select_at_least``)."""
     original = TB.select_at_least
 
     class Counting(type(TB)):
@@ -216,7 +215,13 @@ def select_counting_reads(algorithm, x: torch.Tensor) -> tuple[np.ndarray, float
             reads.append(args[3])
             return original(*args, **kwargs)
 
-    ctx = StepContext(rank=0, size=1, step=0, key="t", numel=x.numel(), backend=Counting())
+    return Counting()
+
+
+def select_counting_reads(algorithm, x: torch.Tensor) -> tuple[np.ndarray, float, int]:
+    """(indices, threshold, reads of the vector by select_at_least) of ``select_local``."""
+    reads = []
+    ctx = StepContext(rank=0, size=1, step=0, key="t", numel=x.numel(), backend=counting_reads(reads))
     control = algorithm.init_control(ctx)
     idx = algorithm.select_local(x, control, ctx)
     return np.sort(TB.to_numpy(idx).astype(np.int64)), control.threshold, len(reads)
@@ -317,21 +322,12 @@ def test_original_decides_alike_whatever_the_last_steps_hint(host_entries, monke
     vectors alike from step to step, and on every change of distribution between steps (the hint
     then misleads), the decisions are the mask form's, and alike vectors take one read a step."""
     monkeypatch.setattr(gaussiank, "HOST_ENTRIES", host_entries)
-    algorithm = GaussianK(0.01)
-    ctx = StepContext(rank=0, size=1, step=0, key="t", numel=20_000, backend=TB)
+    algorithm, reads = GaussianK(0.01), []
+    ctx = StepContext(rank=0, size=1, step=0, key="t", numel=20_000, backend=counting_reads(reads))
     control = algorithm.init_control(ctx)
     steps = [*distributions(20_000).items(), *distributions(20_001).items()]   # each hint misleads
     for name, values in list(distributions(20_002).items())[:4]:   # alike twice
         steps += [(name, values), (f"{name} again", values * 1.01 + 1e-3 * np.roll(values, 1))]
-    reads = []
-    original = TB.select_at_least
-
-    class Counting(type(TB)):
-        def select_at_least(self, *args, **kwargs):
-            reads.append(args[3])
-            return original(*args, **kwargs)
-
-    ctx = replace(ctx, backend=Counting())
     for name, values in steps:
         x = torch.from_numpy(values[:20_000].astype(np.float32))
         reads.clear()
