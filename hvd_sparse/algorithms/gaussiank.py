@@ -29,13 +29,14 @@ Per-tensor steps pack (``packs_tensors``): each tensor of the bucket is selected
 its μ and σ from its own entries, so the decisions are a bucket per tensor's.
 
 Reads of ``a`` (docs/kernels.md): μ and σ come with the accumulation (``accumulate_select``:
-``Backend.accumulate_moments``); a read that selects at λ also counts at the thresholds the next
-loops can reach, so that the loops those counts decide need no read of their own. "rescale"
-counts the tree of λ·0.5 and λ·1.5 two loops deep. "original" runs in threshold form
-(``OriginalLoop``): its candidates are always an interval of |a|, so it needs only counts of
-|a| > t, and the entries above some floor, once few, are sorted on the host, where its remaining
-loops (up to 100, often circling among a few clustered candidates) count by binary search. The
-decisions are the loop's, on the same counts.
+``Backend.accumulate_moments``, or each tensor's, ``accumulate_segment_moments``); a read that
+selects at λ also counts at the thresholds the next loops can reach, so that the loops those
+counts decide need no read of their own. "rescale" counts the tree of λ·0.5 and λ·1.5 two loops
+deep. "original" runs in threshold form (``OriginalLoop``): its candidates are always an interval
+of |a|, so each loop only asks where a count of |a| > t falls (``region``), and once a read has
+selected the entries above a threshold that leaves more than 4k/3 but few, sorted on the host
+they answer every remaining loop (up to 100, often circling among a few clustered candidates)
+(``OriginalCounts``). The decisions are the loop's, on the same counts.
 """
 
 from __future__ import annotations
@@ -209,12 +210,13 @@ class OriginalCounts:
     """Where the counts of |a| > t fall for ``OriginalLoop``, over one bucket's ``acc``, which it
     reads rarely.
 
-    A read selects the entries above one threshold and counts those above up to PROBES others (the
-    thresholds the next loops can reach). Counts only fall as t grows, so a count known at u <= t
-    bounds that at t from above and one at u >= t from below: where both bounds fall alike, so
-    does the count. Once the entries above some ``floor`` are known to be at most HOST_ENTRIES, a
-    read selects them, and their magnitudes sorted on the host count above the floor by a binary
-    search: the loops that circle among a few clustered candidates (up to 100) read nothing.
+    A read selects the entries above one threshold and counts those above up to PROBES others.
+    Counts only fall as t grows, so a count known at u <= t bounds that at t from above and one at
+    u >= t from below: where both bounds fall alike, so does the count. Selected entries that are
+    at most HOST_ENTRIES are kept (``floor``: every entry above it), their magnitudes sorted on the
+    host, which counts above the floor by a binary search; a floor that leaves more than 4k/3
+    settles every count (``settling``), and the loops that circle among a few clustered
+    candidates (up to 100) read nothing more.
     """
 
     def __init__(self, acc: Any, numel: int, dtype: str, k: int, b: Any, first: float | None = None):
