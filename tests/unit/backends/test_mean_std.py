@@ -192,31 +192,29 @@ def fraction_mean_std(n: int, shift: float, t1: float, t2: float, depth: int):
         numerics.float_mean_std = original
 
 
-def test_float64_decision_is_the_fractions_decision():
+def test_float64_decision_is_the_fractions_decision(monkeypatch):
     """Where the float64 arithmetic decides, it decides as the exact Fractions do; near float32
     rounding boundaries (means and deviations a few float64 units from a float32 midpoint) it
     leaves them to the Fractions. Sums made up (not from data), so that every corner is reached."""
     rng = np.random.default_rng(5)
-    decided = 0
+    decisions = []
+    float_decision = numerics.float_mean_std
+    monkeypatch.setattr(numerics, "float_mean_std", lambda *args: decisions.append(float_decision(*args))
+                        or decisions[-1])
     for _ in range(3000):
         n = int(rng.integers(2, 10 ** 7))
         depth = int(rng.integers(1, 40))
         scale = 10.0 ** rng.uniform(-30, 20)
-        mean, std = rng.standard_normal() * scale, abs(rng.standard_normal()) * scale * 10.0 ** rng.uniform(-3, 3)
+        mean = rng.standard_normal() * scale
+        std = abs(rng.standard_normal()) * scale * 10.0 ** rng.uniform(-3, 3)
         if rng.random() < 0.5:   # put the mean next to a float32 midpoint
             m = F32(mean)
-            mean = (float(m) + float(np.nextafter(m, F32(np.inf)))) / 2 * (1 + rng.integers(-4, 5) * 2.0 ** -53)
+            midpoint = (float(m) + float(np.nextafter(m, F32(np.inf)))) / 2
+            mean = midpoint * (1 + rng.integers(-4, 5) * 2.0 ** -53)
         shift = float(F32(mean + std * rng.standard_normal()))
         t1 = (mean - shift) * n
         t2 = std * std * (n - 1) + t1 * t1 / n
-        calls = []
-        spy = numerics.float_mean_std
-        numerics.float_mean_std = lambda *args: calls.append(spy(*args)) or calls[-1]
-        try:
-            got = numerics.certain_mean_std(n, shift, t1, t2, depth)
-        finally:
-            numerics.float_mean_std = spy
-        if calls[0] is not None:   # the float64 arithmetic decided: as the Fractions do
-            decided += 1
+        got = numerics.certain_mean_std(n, shift, t1, t2, depth)
+        if decisions[-1] is not None:   # the float64 arithmetic decided: as the Fractions do
             assert same(got, fraction_mean_std(n, shift, t1, t2, depth)), (n, shift, t1, t2, depth)
-    assert decided > 1000
+    assert sum(d is not None for d in decisions) > 1000
