@@ -144,6 +144,11 @@ def worker(args) -> None:
         Path(args.records).write_text(json.dumps(records))
     dist.barrier()   # Gloo's threads let go of the last tensors before Python shuts down (docs/ddp.md)
     dist.destroy_process_group()
+    # Not even then always (a full test run under load, once): the records are written, so the
+    # worker skips the interpreter's shutdown, where a late Gloo thread aborts the process.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def merge_ranks(ranks: list[dict], repeat: int) -> dict:
