@@ -280,6 +280,20 @@ def test_rescale_lookahead_visits_the_loops_thresholds(max_loops, dtype):
             assert reads <= 1 + 2 * -(-max_loops // 3), where
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "float64"])
+def test_rounding_is_numpys(dtype):
+    """The loop's fast rounding of λ (struct) is NumPy's, bit for bit: ties, subnormals, ±0, the
+    largest finite values and beyond (±Inf), NaN."""
+    rounded, kind = gaussiank.rounding(dtype), np.dtype(dtype).type
+    rng = np.random.default_rng(8)
+    edges = [0.0, -0.0, np.inf, -np.inf, np.nan, 3.4028235e38, 3.4028236e38, -3.5e38, 65504.0, 65519.9,
+             65520.0, 1e-46, 7e-46, 3e-8, 2.9e-8]
+    values = [*(rng.standard_normal(5000) * 10.0 ** rng.uniform(-50, 50, 5000)), *edges]
+    with np.errstate(over="ignore"):
+        for x in values:
+            assert np.float64(rounded(x)).tobytes() == np.float64(kind(x)).tobytes(), (dtype, x)
+
+
 def test_rescale_tree_is_the_loops_arithmetic():
     tree = rescale_tree(0.3, 3)
     assert tree == [0.3, 0.3 * 0.5, 0.3 * 1.5, 0.3 * 0.5 * 0.5, 0.3 * 0.5 * 1.5, 0.3 * 1.5 * 0.5,
