@@ -235,10 +235,11 @@ class OriginalCounts:
         return self.known.get(t)
 
     def bounds(self, t: float) -> tuple[float, float]:
-        """Bounds on the count of |a| > t from the counts known at other thresholds."""
+        """Bounds on the count of |a| > t from the counts known at other thresholds (the floor's
+        among them: a read that sets it notes its count)."""
         high = min((c for u, c in self.known.items() if u <= t), default=self.numel)
         low = max((c for u, c in self.known.items() if u >= t), default=0)
-        return high, max(low, self.sorted.size if t < self.floor < math.inf else 0)
+        return high, low
 
     def where(self, t: float) -> int | None:
         """``region`` of the count of |a| > t, where known without a read."""

@@ -567,7 +567,8 @@ int hvd_sparse_accumulate_segment_moments(void* residual, int residual_dtype, co
                                           const int* dtypes, const int64_t* sizes, int num_inputs, int clear,
                                           const int64_t* lengths, int64_t count, double* sums,
                                           int64_t* depths) {
-    std::vector<hvd_sparse::MomentSums> moments(count > 0 ? count : 0);
+    if (count < 1) return -1;
+    std::vector<hvd_sparse::MomentSums> moments(count);
     if (accumulate_segments(residual, residual_dtype, inputs, dtypes, sizes, num_inputs, clear, lengths, count,
                             moments.data()) != 0)
         return -1;

@@ -17,7 +17,6 @@ named result of the backend op it replaces), with the reference's results bit fo
 * ``topk_abs(x, k, index_dtype)``                            -- 0 (the output size is k)
 * ``mean_std(x)``, ``segment_norms(x, lengths)``               -- 1 (the sums; sums.py)
 * ``accumulate_moments(residual, tensors, clear_inputs, check_finite)``,
-  ``accumulate_segment_moments(...)`` (None: no fused op yet, the reference composition runs),
   ``accumulate_norms(residual, tensors, lengths)``           -- 1 (the finite flag with the sums)
 * ``momentum_accumulate(residual, momentum, tensors, factor, nesterov)``  -- 0
 * ``momentum_accumulate_select(residual, momentum, tensors, factor, nesterov, lo, hi, threshold,
@@ -70,11 +69,13 @@ from .accumulate import (
     momentum_accumulate,
     momentum_accumulate_select,
 )
-from .sums import accumulate_moments, accumulate_norms, accumulate_segment_moments, mean_std, segment_norms
+from .sums import accumulate_moments, accumulate_norms, mean_std, segment_norms
 from .topk import topk_abs
 
-# Ops of the contract without a GPU kernel: the torch ops are already one pass there.
+# Ops of the contract without a GPU kernel: the torch ops are already one pass there (or, for
+# accumulate_segment_moments, not yet fused: accumulate, then a synchronization per segment).
 clear = select_at_least = sampled_threshold_select = zero_at = put_at = not_handled
+accumulate_segment_moments = not_handled
 
 __all__ = ["accumulate", "accumulate_if_finite", "accumulate_moments", "accumulate_norms",
            "accumulate_segment_moments", "accumulate_select", "accumulate_select_if_finite", "all_finite",

@@ -180,13 +180,6 @@ def accumulate_moments(residual: torch.Tensor, tensors: list[torch.Tensor], clea
     return Moments(residual, moments, True) if finite else Moments(residual, None, False)
 
 
-def accumulate_segment_moments(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int],
-                               clear_inputs: bool, check_finite: bool) -> Moments | None:
-    """No fused op here yet: None, and the reference composition runs (``accumulate``, then each
-    segment's ``mean_std``: a synchronization per segment)."""
-    return None
-
-
 def accumulate_norms(residual: torch.Tensor, tensors: list[torch.Tensor], lengths: list[int]
                      ) -> Norms | None:
     """``accumulate``, then the reference ``segment_norms`` of the result (one synchronization)."""
