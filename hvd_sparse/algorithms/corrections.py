@@ -1,4 +1,5 @@
-"""Corrections around any selection: momentum correction, warm-up, dense small tensors.
+"""Corrections around any selection: momentum correction, warm-up, dense small tensors, the
+Adam path.
 
 Every method takes these keyword options (``hs.ExDyna(density=0.001, momentum=0.9,
 warmup_steps=500, dense_below=1024)``); they are applied once, by the engine, never by a method:
@@ -16,6 +17,10 @@ warmup_steps=500, dense_below=1024)``); they are applied once, by the engine, ne
 * ``dense_below``: tensors with fewer than E entries (biases, norm scales) are taken out of the
   sparse buckets and averaged densely, in one bucket of their own for whole-model and grouped
   scopes, one bucket each for per-tensor scopes.
+* ``adam`` (``AdamPath``; the faces set it from ``optimizer=``): error feedback on each rank's
+  own Adam update, with the second moment frozen after the dense steps (``AdamPath``'s docstring).
+* ``total_steps``: the length of the run, when known: the dense steps and the warm-up must end
+  before it.
 
 Defaults leave everything as it was (paper mode). The schedule is a pure function of the bucket's
 step, which every rank counts identically.
@@ -26,7 +31,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from typing import Any, TypedDict
 
 import numpy as np
@@ -38,6 +43,71 @@ from ..errors import ConfigurationError
 # warm-up from dense to the density, and tensors under 1024 entries averaged densely. One
 # definition for the scripts that measure it (convergence, end-to-end, time to accuracy).
 RECOMMENDED = {"momentum": 0.9, "nesterov": True, "warmup_steps": 200, "dense_below": 1024}
+# The dense steps the Adam path takes when none are given: its second moment is taken there. On
+# the transformer task (docs/methods.md#adam-and-adamw) 100 of 2000 steps gave most of what 300
+# or 600 give, at a third of the bytes.
+ADAM_DENSE_STEPS = 100
+
+
+@dataclass(frozen=True)
+class AdamPath:
+    """What the engine needs of a linked Adam or AdamW optimizer (the faces build it from
+    ``optimizer=``; docs/methods.md#adam-and-adamw).
+
+    Adam divides each entry by its running root mean square, so a residual released after T
+    steps moves the weight about once, not T times, and inflates the second moment for the steps
+    after: error feedback on the gradient conserves what Adam then throws away. The path makes
+    what is conserved be what moves the weights:
+
+    * the dense steps (``dense_steps``): every gradient is averaged densely, and every rank takes
+      Adam's moments of the average alike, m <- beta1*m + (1-beta1)*g, v <- beta2*v +
+      (1-beta2)*g^2, and hands the optimizer the update m_hat / (sqrt(v_hat) + eps);
+    * afterwards v stays as the dense steps left it (the same on every rank), each rank carries on
+      its own m from its own gradient, and accumulates its own update m_hat / (sqrt(v_hat) + eps)
+      into the residual; the method selects from that, and the average of what is sent is the
+      update every rank applies. With v fixed the update is linear in the gradient, so error
+      feedback conserves exactly what moves the weights. Each step's update is clipped to
+      ``update_bound``, the largest step Adam itself can take: where the dense steps saw almost
+      no gradient (an embedding row of a rare token) v is near 0 and the frozen preconditioner
+      near 1/eps, which Adam would have corrected at the gradient's first arrival.
+
+    The optimizer (``hvd_sparse.torch.optim.AdamW``, ``hvd_sparse.tensorflow.optimizers.AdamW``)
+    applies the learning rate and, decoupled, the weight decay to that update.
+
+    Args:
+        beta1: Adam's first-moment factor, in [0, 1).
+        beta2: Adam's second-moment factor, in [0, 1).
+        eps: Adam's epsilon, a positive number.
+    """
+
+    beta1: float = 0.9
+    beta2: float = 0.999
+    eps: float = 1e-8
+
+    def __post_init__(self) -> None:
+        for option in ("beta1", "beta2"):
+            value = getattr(self, option)
+            if not is_real(value) or not math.isfinite(value) or not 0.0 <= value < 1.0:
+                raise ConfigurationError(
+                    f"Adam's {option} must be a number in [0, 1) (e.g. betas=(0.9, 0.999)), got {value!r}")
+            object.__setattr__(self, option, float(value))
+        if not is_real(self.eps) or not math.isfinite(self.eps) or self.eps <= 0.0:
+            raise ConfigurationError(f"Adam's eps must be a positive number (e.g. 1e-8), got {self.eps!r}")
+        object.__setattr__(self, "eps", float(self.eps))
+
+    @property
+    def update_bound(self) -> float:
+        """The largest step Adam can take, in units of the learning rate (Kingma and Ba, section
+        2.1): (1 - beta1) / sqrt(1 - beta2) where that exceeds 1, else 1 (3.16 at the defaults)."""
+        return max(1.0, (1.0 - self.beta1) / math.sqrt(1.0 - self.beta2))
+
+    def first_scale(self, updates: int) -> float:
+        """1 / (1 - beta1^t): the bias correction of m after ``updates`` = t updates."""
+        return 1.0 / (1.0 - self.beta1 ** updates) if self.beta1 else 1.0
+
+    def second_scale(self, updates: int) -> float:
+        """1 / (1 - beta2^t): the bias correction of v after ``updates`` = t updates."""
+        return 1.0 / (1.0 - self.beta2 ** updates) if self.beta2 else 1.0
 
 
 class CorrectionOptions(TypedDict, total=False):
@@ -49,6 +119,8 @@ class CorrectionOptions(TypedDict, total=False):
     dense_steps: int
     warmup_steps: int
     dense_below: int
+    adam: AdamPath | None
+    total_steps: int | None
 
 
 @dataclass(frozen=True)
@@ -60,17 +132,23 @@ class Corrections:
             optimizer without momentum (``SGD(..., momentum=0)``): the momentum is in the update.
         nesterov: Nesterov form of the correction.
         momentum_masking: clear ``u`` where this rank's values were sent (DGC's factor masking).
-        dense_steps: steps averaged densely before sparsification starts.
+        dense_steps: steps averaged densely before sparsification starts (default 0; with
+            ``adam``, ``ADAM_DENSE_STEPS``).
         warmup_steps: steps over which the density falls exponentially from 1 to ``density``.
         dense_below: tensors with fewer entries than this are averaged densely (0: none).
+        adam: the Adam path (``AdamPath``), which the faces set from their ``optimizer=``.
+        total_steps: the run's length in steps, when known: checked against the dense steps and
+            the warm-up, which must end before it.
     """
 
     momentum: float = 0.0
     nesterov: bool = False
     momentum_masking: bool = True
-    dense_steps: int = 0
+    dense_steps: int | None = None
     warmup_steps: int = 0
     dense_below: int = 0
+    adam: AdamPath | None = None
+    total_steps: int | None = None
 
     def __post_init__(self) -> None:
         mu = self.momentum
@@ -82,6 +160,12 @@ class Corrections:
         for option in ("nesterov", "momentum_masking"):
             if not isinstance(getattr(self, option), bool):
                 raise ConfigurationError(f"{option} must be True or False, got {getattr(self, option)!r}")
+        if self.adam is not None and not isinstance(self.adam, AdamPath):
+            raise ConfigurationError(
+                f"adam must be an hvd_sparse.algorithms.AdamPath, got {self.adam!r}; a face builds it "
+                "from its optimizer= (hvd_sparse.torch.optim.AdamW, hvd_sparse.tensorflow.optimizers.AdamW)")
+        if self.dense_steps is None:
+            object.__setattr__(self, "dense_steps", ADAM_DENSE_STEPS if self.adam is not None else 0)
         for option in ("dense_steps", "warmup_steps", "dense_below"):
             value = getattr(self, option)
             if not is_integer(value) or value < 0:
@@ -90,6 +174,34 @@ class Corrections:
             object.__setattr__(self, option, int(value))
         if self.nesterov and self.momentum == 0.0:
             raise ConfigurationError("nesterov=True needs momentum > 0 (e.g. momentum=0.9)")
+        self._check_adam()
+        self._check_total_steps()
+
+    def _check_adam(self) -> None:
+        """The Adam path's own demands: dense steps to take its second moment in, and no second
+        momentum on top of Adam's first moment."""
+        if self.adam is None:
+            return
+        if self.momentum:
+            raise ConfigurationError(
+                f"momentum={self.momentum} (the momentum correction) and the Adam path both apply "
+                "a momentum: the path's is Adam's beta1. Pass momentum=0")
+        if self.dense_steps == 0:
+            raise ConfigurationError(
+                "the Adam path takes Adam's second moment from its dense steps: dense_steps must "
+                f"be at least 1 (default {ADAM_DENSE_STEPS})")
+
+    def _check_total_steps(self) -> None:
+        if self.total_steps is None:
+            return
+        if not is_integer(self.total_steps) or self.total_steps < 1:
+            raise ConfigurationError(f"total_steps must be a positive integer, got {self.total_steps!r}")
+        object.__setattr__(self, "total_steps", int(self.total_steps))
+        if self.dense_steps + self.warmup_steps >= self.total_steps:
+            raise ConfigurationError(
+                f"dense_steps={self.dense_steps} and warmup_steps={self.warmup_steps} leave no sparse "
+                f"step in a run of total_steps={self.total_steps}: shorten them (the sparse steps "
+                "are where the exchange saves bytes)")
 
     @classmethod
     def names(cls) -> tuple[str, ...]:
@@ -99,7 +211,8 @@ class Corrections:
     def changed(self) -> dict[str, Any]:
         """The options that differ from the defaults (what ``describe`` and ``repr`` show)."""
         default = Corrections()
-        return {k: v for k, v in asdict(self).items() if getattr(default, k) != v}
+        return {f.name: getattr(self, f.name) for f in fields(self)
+                if getattr(default, f.name) != getattr(self, f.name)}
 
     # --- the schedule ---------------------------------------------------------------------------
     def dense_at(self, step: int) -> bool:

@@ -121,7 +121,8 @@ class DGC(Algorithm):
         density: fraction of entries each rank sends per step after warm-up, in (0, 1];
             k = ceil(density * n).
         momentum: μ of the momentum correction (0 disables it: plain error feedback); the
-            engine's correction, which every method has (algorithms/corrections.py).
+            engine's correction, which every method has (algorithms/corrections.py). Default
+            0.9, and 0 on the Adam path (``adam``), whose momentum is Adam's.
         nesterov: Nesterov form of the momentum correction.
         momentum_masking: clear ``u`` where this rank sent (the paper's factor masking).
         clip_norm: local gradient clipping at ``clip_norm / sqrt(N)`` (None: off).
@@ -141,12 +142,14 @@ class DGC(Algorithm):
     scopes = (TENSOR, MODEL)
     packs_tensors = True
 
-    def __init__(self, density: float = 0.001, *, momentum: float = 0.9, nesterov: bool = False,
+    def __init__(self, density: float = 0.001, *, momentum: float | None = None, nesterov: bool = False,
                  momentum_masking: bool = True, clip_norm: float | None = None,
                  sample_ratio: float = 0.01, strided_sample: bool = True, upper: float = 1.3,
                  lower: float = 0.8, max_adaptation_iters: int = 10, resample: bool = True,
                  warmup_epochs: int = 0, seed: int = 0, scope: str = TENSOR,
                  **corrections: Unpack[CorrectionOptions]):
+        if momentum is None:   # the paper's 0.9; the Adam path's momentum is Adam's own
+            momentum = 0.0 if corrections.get("adam") is not None else 0.9
         super().__init__(density, scope=scope, momentum=momentum, nesterov=nesterov,
                          momentum_masking=momentum_masking, **corrections)
         for option, flag in (("strided_sample", strided_sample), ("resample", resample)):

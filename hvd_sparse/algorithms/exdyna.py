@@ -193,8 +193,10 @@ class ExDyna(MiCRO):
         histogram_decay: weight of the past in the per-block load average of
             ``rebalance="histogram"`` (0: the last step alone).
         threshold_start: "paper" (λ0 = 1/(2√k)) or "local" (the first step selects each rank's
-            share of k by magnitude; see hvd_sparse.algorithms.micro).
-        tracking_gain: "auto" (adaptive under the momentum correction, fixed otherwise), "fixed"
+            share of k by magnitude; see hvd_sparse.algorithms.micro). Default "paper", "local" on
+            the Adam path.
+        tracking_gain: "auto" (adaptive under the momentum correction and on the Adam path, fixed
+            otherwise), "fixed"
             or "adaptive": the tracking controller's step (see hvd_sparse.algorithms.micro).
     """
 
@@ -207,7 +209,7 @@ class ExDyna(MiCRO):
                  num_blocks: int | str = PAPER_BLOCKS, threshold_scaling: str = "paper",
                  threshold_band: str = "code", overload_ratio: str | float = "1.05",
                  underload_ratio: str | float = "0.95238", histogram_decay: float = 0.8,
-                 threshold_start: str = "paper", tracking_gain: str = "auto",
+                 threshold_start: str | None = None, tracking_gain: str = "auto",
                  **corrections: Unpack[CorrectionOptions]):
         super().__init__(density, threshold_scaling=threshold_scaling, threshold_band=threshold_band,
                          threshold_start=threshold_start, tracking_gain=tracking_gain, **corrections)

@@ -20,7 +20,8 @@ band can never run (docs/algorithms.md#dead-branch) -- and 0.995 below. Options,
   λ ← λ·(K/(k·b))^(0.5/α) clipped to [1/4, 4], with a slow outer loop on b that puts the mean
   count, not its geometric mean, at k (see ``tracking_factor``).
 * ``tracking_gain="adaptive"`` (what ``"auto"``, the default, means under the momentum
-  correction; without it ``"auto"`` is ``"fixed"``, the rule above): the Newton step is scaled by
+  correction and on the Adam path, whose first moment is a momentum too; otherwise ``"auto"`` is
+  ``"fixed"``, the rule above): the Newton step is scaled by
   a gain that halves whenever the count's log error changes sign from one step to the next (the
   controller overshot) and grows by a quarter while it keeps its sign, within [1/32, 1]
   (``adapt_gain``). Under the momentum correction the count answers a small change of λ with a
@@ -220,7 +221,9 @@ class MiCRO(Algorithm):
         threshold_band: the scaling rule's band, "code" (paper mode, dead branch included) or
             "symmetric". Formerly ``band``.
         threshold_start: the first step's threshold: "paper" (λ0 = 1/(2√k) on every rank) or
-            "local" (each rank's share of k by magnitude; see module docstring).
+            "local" (each rank's share of k by magnitude; see module docstring). Default "paper",
+            and "local" on the Adam path, whose accumulated update is in units of the learning
+            rate, where λ0 would send nearly everything.
         tracking_gain: the tracking controller's step: "fixed", "adaptive" (see module
             docstring) or "auto" (adaptive under the momentum correction, fixed otherwise).
     """
@@ -233,9 +236,11 @@ class MiCRO(Algorithm):
 
     @renamed_options(threshold="threshold_scaling", band="threshold_band")
     def __init__(self, density: float = 0.001, *, threshold_scaling: str = "paper",
-                 threshold_band: str = "code", threshold_start: str = "paper",
+                 threshold_band: str = "code", threshold_start: str | None = None,
                  tracking_gain: str = "auto", **corrections: Unpack[CorrectionOptions]):
         super().__init__(density, **corrections)
+        if threshold_start is None:
+            threshold_start = "local" if self.corrections.adam is not None else "paper"
         self.threshold_scaling = check_choice("threshold_scaling", threshold_scaling,
                                               THRESHOLD_SCALINGS)
         self.threshold_band = check_choice("threshold_band", threshold_band, THRESHOLD_BANDS)
@@ -252,7 +257,8 @@ class MiCRO(Algorithm):
         """Whether the tracking controller adapts its gain (``tracking_gain``)."""
         if self.threshold_scaling != "tracking" or self.tracking_gain == "fixed":
             return False
-        return self.tracking_gain == "adaptive" or self.corrections.momentum > 0.0
+        return (self.tracking_gain == "adaptive" or self.corrections.momentum > 0.0
+                or self.corrections.adam is not None)
 
     # --- partitions (MiCRO: fixed equal chunks; ExDyna overrides) ------------------------------
     def reset_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:

@@ -27,16 +27,32 @@ import numpy as np
 from .contract import Array, Moments, Norms, SampledSegment, Selected, ThresholdBand, Velocity
 
 
+@dataclass(frozen=True)
+class Preconditioner:
+    """The Adam path's frozen preconditioner: ``inverse`` = 1 / (sqrt(v_hat) + eps) of the second
+    moment the dense steps left (the residual's dtype and length; ``Backend.precondition`` of
+    ones, taken once), the first moment's bias correction and the update's bound: the update is
+    ``clamp((u * first_scale) * inverse, bound)``, in that order (algorithms/corrections.py
+    ``AdamPath``)."""
+
+    inverse: Array
+    first_scale: float
+    bound: float = float("inf")   # each step's update clipped to [-bound, bound] (NaN stays NaN)
+
+
 @dataclass
 class Momentum:
     """One bucket's momentum correction, handed to the ops that accumulate: the velocity ``u``
     (the residual's dtype and length; updated in place, or replaced by backends whose arrays are
     immutable), its factor and form. With it, what is accumulated into the residual is
-    ``u <- factor*u + g`` (Nesterov: ``u <- factor*(u + g)``, then ``(e + u) + g``) instead of g."""
+    ``u <- factor*u + g`` (Nesterov: ``u <- factor*(u + g)``, then ``(e + u) + g``) instead of g.
+    With a ``preconditioner`` (the Adam path) u is Adam's first moment,
+    ``u <- factor*u + (1 - factor)*g``, and the residual gains ``Backend.precondition`` of it."""
 
     buffer: Array
     factor: float
     nesterov: bool = False
+    preconditioner: Preconditioner | None = None
 
 
 class Backend:
@@ -92,6 +108,20 @@ class Backend:
     # --- arithmetic ------------------------------------------------------------------------------
     def add(self, acc: Array, x: Array) -> Array:
         """acc + x (float32 acc; x may be lower precision); may write into acc."""
+        raise NotImplementedError
+
+    def multiply(self, x: Array, y: Array) -> Array:
+        """Element-wise x * y (may write into x)."""
+        raise NotImplementedError
+
+    def clamp(self, x: Array, bound: float) -> Array:
+        """x clipped to [-bound, bound], NaN kept (may write into x)."""
+        raise NotImplementedError
+
+    def precondition(self, u: Array, v: Array, first_scale: float, second_scale: float, eps: float) -> Array:
+        """A new array, element by element ``(u * first_scale) / (sqrt(v * second_scale) + eps)``,
+        each operation rounded to the arrays' dtype in that order, the square root correctly
+        rounded (IEEE, as the kernels' is): Adam's bias-corrected update."""
         raise NotImplementedError
 
     def scale(self, x: Array, factor: float) -> Array:
@@ -237,7 +267,9 @@ class Backend:
         ``clear_inputs`` every input is also set to zero (mutable backends; the engine writes the
         average into the inputs later, so a kernel can clear them in the same pass). With
         ``momentum`` the gradient enters through the velocity (``Momentum``), which is updated."""
-        if momentum is not None:
+        if momentum is not None and momentum.preconditioner is not None:
+            out, momentum.buffer = self.adam_accumulate(residual, momentum, tensors)
+        elif momentum is not None:
             out, momentum.buffer = self.momentum_accumulate(residual, momentum.buffer, tensors,
                                                             momentum.factor, momentum.nesterov)
         else:
@@ -323,6 +355,33 @@ class Backend:
             return Velocity(self.add(self.add(residual, momentum), grad), momentum)
         momentum = self.add(self.scale(momentum, factor), grad)
         return Velocity(self.add(residual, momentum), momentum)
+
+    def adam_accumulate(self, residual: Array, momentum: Momentum, tensors: list[Array]) -> Velocity:
+        """The Adam path's accumulation of the gradient g = concat(tensors) (``momentum`` has a
+        ``Preconditioner``): ``Velocity`` (residual + clamp((u·first_scale)·inverse, bound), u) with
+        u = u·factor + g·(1 - factor); may write into residual and the velocity."""
+        grad = self.accumulate(self.zeros(self.numel(residual), self.dtype_name(residual), like=residual),
+                               tensors)
+        return self.adam_step(residual, momentum, grad)
+
+    def adam_step(self, residual: Array, momentum: Momentum, grad: Array) -> Velocity:
+        """``adam_accumulate`` from the gradient as one vector (``grad`` may be overwritten):
+        u = u·factor + g·(1 - factor), residual + clamp((u·first_scale)·inverse, bound)."""
+        p = momentum.preconditioner
+        u = self.add(self.scale(momentum.buffer, momentum.factor), self.scale(grad, 1.0 - momentum.factor))
+        step = self.clamp(self.multiply(self.scale(self.copy(u), p.first_scale), p.inverse), p.bound)
+        return Velocity(self.add(residual, step), u)
+
+    def adam_update(self, average: Array, first: Array, second: Array, beta1: float, beta2: float,
+                    first_scale: float, second_scale: float, eps: float) -> tuple[Array, Array, Array]:
+        """Adam's moments of an averaged gradient and the update they give (the Adam path's dense
+        steps): m <- m·beta1 + a·(1 - beta1), v <- v·beta2 + (a·a)·(1 - beta2), and a new array
+        ``precondition(m, v, first_scale, second_scale, eps)``. Returns (update, m, v); may write
+        into ``first``, ``second`` and ``average``."""
+        square = self.multiply(self.copy(average), average)
+        first = self.add(self.scale(first, beta1), self.scale(average, 1.0 - beta1))
+        second = self.add(self.scale(second, beta2), self.scale(square, 1.0 - beta2))
+        return self.precondition(first, second, first_scale, second_scale, eps), first, second
 
     def scatter_into(self, tensors: list[Array], idx: Array, values: Array, unique: bool,
                      zeroed: bool = False) -> list[Array]:

@@ -129,6 +129,20 @@ class KernelOps(Protocol):
                                    check_finite: bool) -> Selected | None:
         """``accumulate_select`` through the momentum correction, in one pass."""
 
+    def adam_accumulate(self, residual: Array, momentum: Array, inverse: Array, tensors: list[Array],
+                        factor: float, first_scale: float, bound: float) -> Velocity | None:
+        """The Adam path's accumulation (``Backend.adam_accumulate``), in place."""
+
+    def adam_accumulate_select(self, residual: Array, momentum: Array, inverse: Array, tensors: list[Array],
+                               factor: float, first_scale: float, bound: float, lo: int, hi: int,
+                               threshold: float, probes: list[float], every: int, index_dtype: Any,
+                               clear_inputs: bool, check_finite: bool) -> Selected | None:
+        """``accumulate_select`` through the Adam path's accumulation, in one pass."""
+
+    def adam_update(self, average: Array, first: Array, second: Array, beta1: float, beta2: float,
+                    first_scale: float, second_scale: float, eps: float) -> tuple[Array, Array, Array] | None:
+        """The Adam path's dense update (``Backend.adam_update``): (update, m, v), in place."""
+
     def accumulate_moments(self, residual: Array, tensors: list[Array], clear_inputs: bool,
                            check_finite: bool) -> Moments | None:
         """``accumulate``, then ``mean_std`` of the result."""

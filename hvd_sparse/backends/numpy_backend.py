@@ -62,6 +62,18 @@ class NumpyBackend(Backend):
         x *= x.dtype.type(factor)
         return x
 
+    def multiply(self, x, y):
+        np.multiply(x, y, out=x, casting="unsafe")
+        return x
+
+    def clamp(self, x, bound):
+        np.clip(x, x.dtype.type(-bound), x.dtype.type(bound), out=x)
+        return x
+
+    def precondition(self, u, v, first_scale, second_scale, eps):
+        kind = u.dtype.type
+        return (u * kind(first_scale)) / (np.sqrt(v * kind(second_scale)) + kind(eps))
+
     def abs(self, x):
         return np.abs(x)
 

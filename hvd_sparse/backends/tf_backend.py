@@ -115,7 +115,9 @@ class TensorFlowBackend(Backend):
             return done.acc
         if not isinstance(tensors, Packed):
             return super().accumulate(residual, tensors, clear_inputs, momentum)
-        if momentum is not None:
+        if momentum is not None and momentum.preconditioner is not None:
+            out, momentum.buffer = self.adam_accumulate(residual, momentum, tensors)
+        elif momentum is not None:
             out, momentum.buffer = self.momentum_accumulate(residual, momentum.buffer, tensors,
                                                             momentum.factor, momentum.nesterov)
         else:
@@ -139,7 +141,7 @@ class TensorFlowBackend(Backend):
         in place when this backend owns them; None without a kernel. (``clear_inputs`` is moot:
         TensorFlow's inputs are never written.)"""
         ops = kernels.tensorflow_ops()
-        if ops is None:
+        if ops is None or (momentum is not None and momentum.preconditioner is not None):
             return None
         velocity = None if momentum is None else momentum.buffer
         in_place = _owned(residual) and (velocity is None or _owned(velocity))
@@ -221,6 +223,22 @@ class TensorFlowBackend(Backend):
 
     def scale(self, x, factor):
         return tf.raw_ops.Mul(x=x, y=constant(factor, x.dtype))
+
+    def multiply(self, x, y):
+        return tf.raw_ops.Mul(x=x, y=tf.cast(y, x.dtype))
+
+    def clamp(self, x, bound):
+        limit = constant(bound, x.dtype)
+        clipped = tf.minimum(tf.maximum(x, -limit), limit)
+        return tf.where(tf.math.is_nan(x), x, clipped)
+
+    def precondition(self, u, v, first_scale, second_scale, eps):
+        scaled = self.scale(v, second_scale)
+        # Correctly rounded: Eigen's fp32 square root is an approximation; the fp64 one is exact,
+        # and rounding an exact fp64 root to fp32 rounds it correctly (53 >= 2 * 24 + 2 bits).
+        root = tf.cast(tf.raw_ops.Sqrt(x=tf.cast(scaled, tf.float64)), v.dtype)
+        denominator = tf.raw_ops.AddV2(x=root, y=constant(eps, v.dtype))
+        return tf.raw_ops.RealDiv(x=self.scale(u, first_scale), y=denominator)
 
     def abs(self, x):
         return tf.raw_ops.Abs(x=x)

@@ -75,6 +75,15 @@ class TorchBackend(Backend):
     def scale(self, x, factor):
         return x.mul_(factor)
 
+    def multiply(self, x, y):
+        return x.mul_(y)
+
+    def clamp(self, x, bound):
+        return x.clamp_(-bound, bound)
+
+    def precondition(self, u, v, first_scale, second_scale, eps):
+        return (u * first_scale).div_(_sqrt(v * second_scale).add_(eps))
+
     def abs(self, x):
         return x.abs()
 
@@ -225,6 +234,22 @@ class TorchBackend(Backend):
             return done
         return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
 
+    def adam_accumulate(self, residual, momentum, tensors):
+        ops, p = kernels.ops_for(residual), momentum.preconditioner
+        done = None if ops is None else ops.adam_accumulate(residual, momentum.buffer, p.inverse, tensors,
+                                                             momentum.factor, p.first_scale, p.bound)
+        if done is not None:
+            return done
+        return super().adam_accumulate(residual, momentum, tensors)
+
+    def adam_update(self, average, first, second, beta1, beta2, first_scale, second_scale, eps):
+        ops = kernels.ops_for(average)
+        done = None if ops is None else ops.adam_update(average, first, second, beta1, beta2, first_scale,
+                                                         second_scale, eps)
+        if done is not None:
+            return done
+        return super().adam_update(average, first, second, beta1, beta2, first_scale, second_scale, eps)
+
     def sampled_threshold_select(self, x, segments, band):
         ops = kernels.ops_for(x)   # one kernel call: no return to Python between passes
         done = None if ops is None else ops.sampled_threshold_select(x, list(segments), band, torch.int64)
@@ -270,7 +295,12 @@ class TorchBackend(Backend):
                           index_dtype="int64", clear_inputs=False, check_finite=False, momentum=None):
         ops = kernels.ops_for(residual)
         done = None
-        if ops is not None and momentum is not None:   # the momentum correction in the same pass
+        if ops is not None and momentum is not None and momentum.preconditioner is not None:
+            p = momentum.preconditioner   # the Adam path in the same pass
+            done = ops.adam_accumulate_select(
+                residual, momentum.buffer, p.inverse, tensors, momentum.factor, p.first_scale, p.bound, lo,
+                hi, threshold, list(probes), every, _DTYPES[index_dtype], clear_inputs, check_finite)
+        elif ops is not None and momentum is not None:   # the momentum correction in the same pass
             # momentum.buffer updated in place (or, not finite, left)
             done = ops.momentum_accumulate_select(
                 residual, momentum.buffer, tensors, momentum.factor, momentum.nesterov, lo, hi, threshold,
@@ -338,3 +368,11 @@ def _ordered_index_add(out: torch.Tensor, idx: torch.Tensor, values: torch.Tenso
         chosen = occurrence == k
         out.index_add_(0, sorted_idx[chosen], sorted_values[chosen])
     return out
+
+
+def _sqrt(x: torch.Tensor) -> torch.Tensor:
+    """The correctly rounded square root of x (in place where it can): CUDA's is; torch's CPU one
+    is not (its vectorized library misses by an ulp on about 0.7% of fp32 entries), NumPy's is."""
+    if x.device.type != "cpu":
+        return x.sqrt_()
+    return torch.from_numpy(np.sqrt(x.contiguous().numpy()))

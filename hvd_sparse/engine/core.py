@@ -41,7 +41,7 @@ from ..algorithms.dense import DenseAverage
 from ..backends import Backend, Momentum, index_dtype_for
 from ..comm import Protocol, timed
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
-from . import patterns
+from . import adam, patterns
 from .agreement import Layout, agree, config_fields
 from .stats import BucketStats, StepTimes, sum_times, summarize
 
@@ -76,6 +76,11 @@ class Bucket:
     sent: tuple | None = None       # (indices, values) of the last step, for take_back
     momentum: Any = None            # the momentum correction's velocity u (None: not started)
     momentum_unmasked: Any = None   # u of the last step before masking (nonfinite="raise": for
+                                    # take_back)
+    second_moment: Any = None       # the Adam path's v (engine/adam.py; None: not started, or
+                                    # replaced by its preconditioner after the dense steps)
+    preconditioner: Any = None      # the Adam path's 1 / (sqrt(v_hat) + eps) on the sparse steps
+    adam_before: Any = None         # (m, v) before the last dense Adam step (nonfinite="raise": for
                                     # take_back)
     dense: bool = False             # every tensor under ``dense_below``: always averaged densely
     members: tuple[str, ...] = ()   # the tensors' own keys when it packs per-tensor steps
@@ -131,6 +136,9 @@ class Engine:
         self._restored: dict[str, dict] = {}
         self._restored_size: int | None = None
         self._agreed: set[str] = set()   # buckets whose configuration every rank has checked
+        # Every step's payload, dense steps and warm-up included, and a dense allreduce's for the
+        # same steps (stats(): what the run exchanged so far, against dense).
+        self.totals = {"bytes_sent_total": 0, "bytes_received_total": 0, "dense_bytes_total": 0}
 
     # --- the step ------------------------------------------------------------------------------
     def step(self, key: str, tensors: list[Any], check_layout: bool = True,
@@ -154,7 +162,7 @@ class Engine:
     def _step(self, bucket: Bucket, tensors: list[Any], check_layout: bool, times: StepTimes) -> Protocol:
         """Protocol: ``step`` of a known bucket, the steps of the module docstring in order."""
         key = bucket.key
-        bucket.sent = bucket.momentum_unmasked = None
+        bucket.sent = bucket.momentum_unmasked = bucket.adam_before = None
         if check_layout and not self._agreed & {key, "*"} and self.size > 1:
             yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
         self._agreed.add(key)
@@ -170,6 +178,7 @@ class Engine:
         began = time.perf_counter()
         self._keep_residual(bucket, picked, out, method, ctx)                       # 4
         self._observe(bucket, picked, out, method, ctx)                             # 5
+        out = self._adam_dense(bucket, method, out)
         middle = time.perf_counter()
         result = self._reconstruct(bucket, tensors, picked, out)                    # 6
         times.exchange += middle - began
@@ -292,12 +301,20 @@ class Engine:
         keep = picked.finite and self.nonfinite == "raise"
         bucket.sent = (out.sent_at, out.values) if keep else None
 
+    def _adam_dense(self, bucket: Bucket, method: Algorithm, out: patterns.Exchanged) -> patterns.Exchanged:
+        """The Adam path's dense steps: the average becomes Adam's update of it (engine/adam.py)."""
+        path = self.algorithm.corrections.adam
+        if path is None or method is not _DENSE:
+            return out
+        return adam.dense_update(self.backend, bucket, out, path, self.nonfinite == "raise")
+
     def _masks_momentum(self, bucket: Bucket, method: Algorithm, ctx: StepContext) -> bool | list[bool]:
         """Momentum factor masking applies to sparse steps; a dense step (everything sent) keeps
         the velocity, which makes it plain momentum SGD, as DGC's authors' dense path does. A
-        list: whether it applies in each tensor of a bucket packing per-tensor steps."""
+        list: whether it applies in each tensor of a bucket packing per-tensor steps. Never on the
+        Adam path, whose velocity is Adam's first moment."""
         if (ctx.momentum is None or not self.algorithm.corrections.momentum_masking
-                or method is not self.algorithm):
+                or method is not self.algorithm or self.algorithm.corrections.adam is not None):
             return False
         return method.masks_momentum(bucket.control, ctx)
 
@@ -323,6 +340,9 @@ class Engine:
         if method is self.algorithm:
             bucket.control = control
         bucket.step += 1
+        self.totals["bytes_sent_total"] += out.bytes_sent
+        self.totals["bytes_received_total"] += out.bytes_received
+        self.totals["dense_bytes_total"] += bucket.numel * patterns.ITEMSIZE[bucket.value_dtype]
         bucket.stats = BucketStats(
             step=bucket.step, numel=bucket.numel, k=target_k, selected=picked.selected,
             bytes_sent=out.bytes_sent, bytes_received=out.bytes_received,
@@ -352,8 +372,13 @@ class Engine:
                            bucket.members)
 
     def _momentum(self, bucket: Bucket) -> Momentum | None:
-        """The bucket's velocity for this step's accumulation, when the correction is on."""
+        """The bucket's velocity for this step's accumulation, when the correction is on (the Adam
+        path's on its sparse steps: engine/adam.py)."""
         corrections = self.algorithm.corrections
+        if corrections.adam is not None:
+            if bucket.dense or corrections.dense_at(bucket.step):
+                return None
+            return adam.sparse_momentum(self.backend, bucket, corrections.adam, corrections.dense_steps)
         if corrections.momentum == 0.0:
             return None
         if bucket.momentum is None:
@@ -405,10 +430,12 @@ class Engine:
         if sizes is not None and self._is_dense(sizes):
             pattern = _DENSE.pattern
         elif corrections.dense_steps:
+            what = ("the Adam path averages its dense steps densely, which changes" if corrections.adam
+                    else "dense_steps changes")
             raise ConfigurationError(
-                "dense_steps changes the collectives of a step after the first steps, which a "
-                "TensorFlow graph built per tensor cannot follow: use scope='model' (one bucket, "
-                "run eagerly), or warmup_steps, which keeps the collectives")
+                f"{what} the collectives of a step after the first steps, which a TensorFlow graph "
+                "built per tensor cannot follow: use scope='model' (one bucket, run eagerly)"
+                + ("" if corrections.adam else ", or warmup_steps, which keeps the collectives"))
         else:
             pattern = self.algorithm.pattern
         return patterns.BY_NAME[pattern].schedule(
@@ -426,6 +453,7 @@ class Engine:
                 bucket.sent = None
                 bucket.step -= 1
                 self._unmask_momentum(bucket)
+                adam.take_back(bucket)
 
     def _put_back(self, residual: Any, idx: Any, values: Any) -> Any:
         """The residual with the values sent at idx added back (exact: with a lower transport
@@ -535,6 +563,7 @@ class Engine:
         out = summarize(latest, target)
         controls = {key: bk.control for key, bk in self._sparse_buckets().items()}
         out.update(self.algorithm.model_stats(controls))
+        out.update(self.totals)
         return out
 
     def step_times(self) -> dict:
@@ -551,10 +580,15 @@ class Engine:
             "hyperparameters": self.algorithm.describe(),
             "rank": self.rank,
             "size": self.size,
+            "totals": dict(self.totals),
             "buckets": {
                 key: {"shapes": bk.shapes, "step": bk.step, "members": bk.members,
                       "residual": b.to_numpy(bk.residual).copy(),
                       "momentum": None if bk.momentum is None else b.to_numpy(bk.momentum).copy(),
+                      "second_moment": None if bk.second_moment is None
+                      else b.to_numpy(bk.second_moment).copy(),
+                      "preconditioner": None if bk.preconditioner is None
+                      else b.to_numpy(bk.preconditioner).copy(),
                       "control": None if bk.control is None else self.algorithm.control_state(bk.control)}
                 for key, bk in self.buckets.items()
             },
@@ -583,6 +617,7 @@ class Engine:
                 "rank; save and load one file per rank (e.g. suffix the path with hvd.rank())")
         self._restored_size = state["size"]
         self._restored = dict(state["buckets"])
+        self.totals.update(state.get("totals", {}))
         self._restore_existing()
 
     def agreed_state(self, state: dict | None = None) -> dict:
@@ -590,12 +625,26 @@ class Engine:
         residuals, each bucket's step and ``Algorithm.agreed_control``. What every process adopts
         from one rank on an elastic reset (``adopt``)."""
         state = self.state_dict() if state is None else state
-        return {**{k: v for k, v in state.items() if k not in ("buckets", "rank")},
+        return {**{k: v for k, v in state.items() if k not in ("buckets", "rank", "totals")},
                 "buckets": {key: {"shapes": saved["shapes"], "step": saved["step"],
                                   "members": saved.get("members", ()),
+                                  "second_moment": saved.get("second_moment"),
+                                  "preconditioner": saved.get("preconditioner"),
+                                  "agreed_momentum": saved.get("momentum") if self._global_momentum(saved)
+                                  else None,
                                   "control": None if saved["control"] is None
                                   else self.algorithm.agreed_control(saved["control"])}
                             for key, saved in state["buckets"].items()}}
+
+    def _global_momentum(self, saved: dict) -> bool:
+        """Whether a saved bucket's velocity is the same on every rank: the Adam path's m up to its
+        first sparse step (the dense steps take it from the average), and always in a bucket of
+        ``dense_below`` tensors."""
+        corrections = self.algorithm.corrections
+        if corrections.adam is None:
+            return False
+        sizes = tuple(int(np.prod(shape, dtype=np.int64)) for shape in saved["shapes"])
+        return saved["step"] <= corrections.dense_steps or self._is_dense(sizes)
 
     def adopt(self, agreed: dict, residuals: dict[str, np.ndarray] | None = None,
               momenta: dict[str, np.ndarray | None] | None = None) -> None:
@@ -611,8 +660,9 @@ class Engine:
                 f"{self.algorithm.name!r}: every rank must run the same method")
         own, velocities = residuals or {}, momenta or {}
         self._restored_size = agreed["size"]
-        self._restored = {key: {**saved, "residual": own.get(key), "momentum": velocities.get(key),
-                                "own_residual": True}
+        self._restored = {key: {**saved, "residual": own.get(key), "own_residual": True,
+                                "momentum": velocities.get(key) if saved.get("agreed_momentum") is None
+                                else saved["agreed_momentum"]}
                           for key, saved in agreed["buckets"].items()}
         self._restore_existing()
 
@@ -632,6 +682,8 @@ class Engine:
                                  if isinstance(saved["control"], dict) else None)
             if momentum is not None:
                 bucket.momentum = self.backend.from_numpy(np.asarray(momentum).astype(dtype), like=like)
+        if saved.get("second_moment") is not None or saved.get("preconditioner") is not None:
+            self._restore_adam(bucket, saved, like)
         if saved["control"] is None:   # saved during the dense steps, or a dense bucket
             return
         ctx = self._context(bucket)
@@ -639,6 +691,15 @@ class Engine:
             if saved.get("own_residual"):   # an elastic reset: "rebuilt for N ranks" is expected
                 warnings.simplefilter("ignore")
             bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)
+
+
+    def _restore_adam(self, bucket: Bucket, saved: dict, like: Any) -> None:
+        """The Adam path's moments at any world size: v (or its preconditioner) is the same on
+        every rank, and m (a rank's own after the dense steps) is a sound start for any process."""
+        b, dtype = self.backend, self.backend.dtype_name(bucket.residual)
+        for field in ("second_moment", "preconditioner", "momentum"):
+            if saved.get(field) is not None:
+                setattr(bucket, field, b.from_numpy(np.asarray(saved[field]).astype(dtype), like=like))
 
 
 def _joined(parts: list[dict]) -> dict:
@@ -653,7 +714,9 @@ def _joined(parts: list[dict]) -> dict:
         return np.concatenate([np.zeros(n, np.float64) if a is None else np.asarray(a).reshape(-1)
                                for a, n in zip(arrays, sizes, strict=True)])
     return {"shapes": [tuple(part["shapes"][0]) for part in parts], "step": parts[0]["step"],
-            "residual": joined("residual"), "momentum": joined("momentum"), "control": None,
+            "residual": joined("residual"), "momentum": joined("momentum"),
+            "second_moment": joined("second_moment"), "preconditioner": joined("preconditioner"),
+            "control": None,
             "own_residual": parts[0].get("own_residual", False)}
 
 
@@ -667,4 +730,6 @@ def _part_of(saved: dict, position: int) -> dict:
         array = saved.get(field)
         return None if array is None else np.asarray(array).reshape(-1)[lo:lo + sizes[position]].copy()
     return {"shapes": [tuple(saved["shapes"][position])], "step": saved["step"], "residual": part("residual"),
-            "momentum": part("momentum"), "control": None, "own_residual": saved.get("own_residual", False)}
+            "momentum": part("momentum"), "second_moment": part("second_moment"),
+            "preconditioner": part("preconditioner"), "control": None,
+            "own_residual": saved.get("own_residual", False)}

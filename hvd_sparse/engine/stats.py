@@ -76,6 +76,7 @@ def summarize(buckets: list[BucketStats], density_target: float) -> dict:
         return {"step": 0, "density_target": density_target, "density_actual": 0.0, "k": 0,
                 "selected": 0, "union": 0, "buildup": 0.0, "numel": 0, "bytes_sent": 0,
                 "bytes_received": 0, "residual_norm": 0.0, "buckets": 0, "nonfinite_steps": 0,
+                "bytes_sent_total": 0, "bytes_received_total": 0, "dense_bytes_total": 0,
                 **sum_times([])}
     numel = sum(b.numel for b in buckets)
     union = sum(b.union() for b in buckets)

@@ -17,18 +17,40 @@ from .accumulate import (  # noqa: E402
     accumulate_segment_moments,
     accumulate_select,
     accumulate_select_if_finite,
+    adam_accumulate,
+    adam_accumulate_select,
     all_finite,
     clear,
     momentum_accumulate_select,
     select_at_least,
 )
+from .adam import adam_update  # noqa: E402
 from .indexing import put_at, zero_at  # noqa: E402
 from .momentum import momentum_accumulate  # noqa: E402
 from .norms import mean_std, segment_norms  # noqa: E402
 from .sampled import sampled_threshold_select  # noqa: E402
 from .topk import topk_abs  # noqa: E402
 
-__all__ = ["abs_at_least", "accumulate", "accumulate_moments", "accumulate_norms",
-           "accumulate_segment_moments", "accumulate_select", "accumulate_select_if_finite", "all_finite",
-           "clear", "mean_std", "momentum_accumulate", "momentum_accumulate_select", "put_at",
-           "sampled_threshold_select", "segment_norms", "select_at_least", "topk_abs", "zero_at"]
+__all__ = [
+    "abs_at_least",
+    "accumulate",
+    "accumulate_moments",
+    "accumulate_norms",
+    "accumulate_segment_moments",
+    "accumulate_select",
+    "accumulate_select_if_finite",
+    "adam_accumulate",
+    "adam_accumulate_select",
+    "adam_update",
+    "all_finite",
+    "clear",
+    "mean_std",
+    "momentum_accumulate",
+    "momentum_accumulate_select",
+    "put_at",
+    "sampled_threshold_select",
+    "segment_norms",
+    "select_at_least",
+    "topk_abs",
+    "zero_at",
+]

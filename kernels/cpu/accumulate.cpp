@@ -98,8 +98,32 @@ inline void momentum_chunk(R* __restrict r, R* __restrict u, X* __restrict x, in
     if (clear) std::memset(static_cast<void*>(x), 0, sizeof(X) * n);
 }
 
+// The Adam path's accumulation of one piece (the reference Backend.adam_step): Adam's first moment
+// u and the frozen preconditioner p = 1 / (sqrt(v_hat) + eps) run parallel to the residual;
+// element by element in R,
+//   g = 0 + x                        (as momentum_chunk's)
+//   u = u * b1 + g * gain            (gain = 1 - b1, rounded to R by the caller)
+//   r = r + clamp((u * c1) * p, -bound, bound)        (NaN passes the clamp, as torch's)
+// each operation rounded to R in that order.
+template <typename R, typename X>
+inline void adam_chunk(R* __restrict r, R* __restrict u, const R* __restrict p, X* __restrict x, int64_t n,
+                       const R* k, bool clear) {
+    using C = typename Compute<R, X>::type;
+    const R b1 = k[0], gain = k[1], c1 = k[2], bound = k[3];
+    for (int64_t i = 0; i < n; ++i) {
+        const R g = R(C(0) + C(widen(x[i])));
+        const R m = u[i] * b1 + g * gain;
+        u[i] = m;
+        R step = (m * c1) * p[i];
+        step = step > bound ? bound : (step < -bound ? -bound : step);
+        r[i] = r[i] + step;
+    }
+    if (clear) std::memset(static_cast<void*>(x), 0, sizeof(X) * n);
+}
+
 // What a pass adds into a piece of the residual: the input (PlainAdd), or the input through the
-// momentum correction's velocity (MomentumAdd, whose u runs parallel to the residual).
+// momentum correction's velocity (MomentumAdd, whose u runs parallel to the residual), or through
+// the Adam path's moments (AdamAdd).
 struct PlainAdd {
     template <typename R, typename X>
     void operator()(R* r, X* x, int64_t, int64_t n, bool clear) const { add_chunk(r, x, n, clear); }
@@ -113,6 +137,17 @@ struct MomentumAdd {
     template <typename X>
     void operator()(R* r, X* x, int64_t at, int64_t n, bool clear) const {
         momentum_chunk(r, u + at, x, n, m, nesterov, clear);
+    }
+};
+
+template <typename R>
+struct AdamAdd {
+    R* u = nullptr;
+    const R* v = nullptr;
+    R k[4] = {};   // b1, gain, c1, bound
+    template <typename X>
+    void operator()(R* r, X* x, int64_t at, int64_t n, bool clear) const {
+        adam_chunk(r, u + at, v + at, x, n, k, clear);
     }
 };
 
@@ -433,6 +468,27 @@ int64_t run_momentum(void* residual, const void* const* inputs, const int* dtype
     return s.selected;
 }
 
+// run_momentum with the Adam path's accumulation (AdamAdd): one pass reads u, p, the input and the
+// residual and writes u and the residual. constants: b1, gain, c1, bound (doubles, rounded to R
+// here as the reference rounds the Python floats it multiplies and clamps by).
+template <typename R, typename I>
+int64_t run_adam(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
+                 int num_inputs, bool clear, void* momentum, const void* second, const double* constants,
+                 bool check, int64_t lo, int64_t hi, double threshold, void* out, const double* probes,
+                 int num_probes, int64_t row_len, int64_t every, int64_t sample_end, int64_t* counts) {
+    if (check)
+        for (int k = 0; k < num_inputs; ++k)
+            if (!all_finite(inputs[k], sizes[k], dtypes[k])) return -2;
+    auto s = selection<R, I>(lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end);
+    AdamAdd<R> add;
+    add.u = static_cast<R*>(momentum);
+    add.v = static_cast<const R*>(second);
+    for (int j = 0; j < 4; ++j) add.k[j] = R(constants[j]);
+    accumulate_all<R>(residual, inputs, dtypes, sizes, num_inputs, clear, s, add);
+    for (int p = 0; p < num_probes; ++p) counts[p] = s.counts[p];
+    return s.selected;
+}
+
 }  // namespace
 
 // residual += the inputs, feeding each of the count consecutive segments of the result (lengths)
@@ -513,6 +569,32 @@ int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype
     auto go = [&](auto residual_tag, auto index_tag) {
         return run_momentum<decltype(residual_tag), decltype(index_tag)>(
             residual, inputs, dtypes, sizes, num_inputs, clear != 0, momentum, factor, nesterov != 0,
+            check != 0, lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end, counts);
+    };
+    const bool wide = index_bits == 64;
+    if (residual_dtype == F32) return wide ? go(float{}, int64_t{}) : go(float{}, int32_t{});
+    if (residual_dtype == F64) return wide ? go(double{}, int64_t{}) : go(double{}, int32_t{});
+    return -1;
+}
+
+// hvd_sparse_momentum_accumulate_select on the Adam path: the inputs enter Adam's first moment
+// momentum (u) and the residual gains (u·c1)·p with second the frozen preconditioner p (both
+// residual_dtype, contiguous, as long as the residual; u updated in place); constants =
+// {b1, 1 - b1, c1}. lo == hi: the accumulation alone. Returns the count,
+// -2 when check != 0 and an input holds NaN/Inf (nothing written), -1 for unsupported arguments.
+int64_t hvd_sparse_adam_accumulate_select(void* residual, int residual_dtype, const void* const* inputs,
+                                          const int* dtypes, const int64_t* sizes, int num_inputs, int clear,
+                                          void* momentum, const void* second, const double* constants,
+                                          int check, int64_t lo, int64_t hi, double threshold, void* out,
+                                          int index_bits, const double* probes, int num_probes,
+                                          int64_t row_len, int64_t every, int64_t sample_end,
+                                          int64_t* counts) {
+    if (num_probes > MAX_PROBES || num_probes < 0 || !valid_inputs(dtypes, num_inputs) || clear < 0 || clear > 1
+        || momentum == nullptr || second == nullptr || constants == nullptr)
+        return -1;
+    auto go = [&](auto residual_tag, auto index_tag) {
+        return run_adam<decltype(residual_tag), decltype(index_tag)>(
+            residual, inputs, dtypes, sizes, num_inputs, clear != 0, momentum, second, constants,
             check != 0, lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end, counts);
     };
     const bool wide = index_bits == 64;

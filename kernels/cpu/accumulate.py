@@ -1,7 +1,7 @@
 """CPU ops of the threshold methods' step: finite check, error-feedback accumulation, the fused
-accumulate-and-select (with the momentum correction too), the same selection on an accumulated
-vector, and accumulation with Gaussian-k's moments or DEFT's segment norms taken in the same pass
-(accumulate.cpp), with the semantics of the torch reference path.
+accumulate-and-select (with the momentum correction or the Adam path too), the same selection on
+an accumulated vector, and accumulation with Gaussian-k's moments or DEFT's segment norms taken
+in the same pass (accumulate.cpp), with the semantics of the torch reference path.
 
 Each op returns None for arguments it has no kernel for (a dtype outside fp16/bf16/fp32/fp64, a
 residual that is not a contiguous fp32/fp64 CPU vector): the caller then runs the reference ops.
@@ -14,7 +14,7 @@ import ctypes
 import numpy as np
 import torch
 
-from ...backends.contract import Moments, Norms, Selected
+from ...backends.contract import Moments, Norms, Selected, Velocity
 from ...backends.exact import KernelSelection, float32_norms, mean_std_from_sums
 from ._library import bind
 from .norms import exact_mean_std
@@ -40,6 +40,9 @@ _accumulate_segment_moments = bind("hvd_sparse_accumulate_segment_moments", ctyp
 _momentum_accumulate_select = bind(
     "hvd_sparse_momentum_accumulate_select", _i64,
     [*_INPUTS, _ptr, ctypes.c_double, ctypes.c_int, ctypes.c_int, _i64, _i64, *_SELECTION])
+_adam_accumulate_select = bind(
+    "hvd_sparse_adam_accumulate_select", _i64,
+    [*_INPUTS, _ptr, _ptr, ctypes.POINTER(ctypes.c_double), ctypes.c_int, _i64, _i64, *_SELECTION])
 _select_at_least = bind("hvd_sparse_select_at_least", _i64, [_ptr, ctypes.c_int, _i64, _i64, *_SELECTION])
 _clear = bind("hvd_sparse_clear", None, [_ptr, _i64])
 MAX_PROBES = 8
@@ -130,9 +133,7 @@ def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, t
     holds NaN/Inf nothing is written (residual, u and inputs keep their values) and the result is
     not finite (idx None, no counts)."""
     if (not _supported(residual, tensors) or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES
-            or not 0 <= lo <= hi <= residual.numel() or momentum.device.type != "cpu"
-            or momentum.dtype != residual.dtype or momentum.dim() != 1 or not momentum.is_contiguous()
-            or momentum.numel() != residual.numel()):
+            or not 0 <= lo <= hi <= residual.numel() or not _parallel(residual, momentum)):
         return None
     selection = _Selected(residual.dtype, lo, hi, threshold, probes, every, index_dtype)
     selected = _accumulating(residual, tensors, clear_inputs, _momentum_accumulate_select,
@@ -141,6 +142,48 @@ def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, t
     if selected == _NOT_FINITE_CODE:
         return Selected(residual, None, [], False)
     return None if selected < 0 else Selected(residual, *selection.result(selected), True)
+
+
+def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
+                           tensors: list[torch.Tensor], factor: float, first_scale: float, bound: float,
+                           lo: int, hi: int, threshold: float, probes: list[float], every: int,
+                           index_dtype: torch.dtype, clear_inputs: bool,
+                           check_finite: bool) -> Selected | None:
+    """``accumulate_select`` on the Adam path, in one pass that reads u (Adam's first moment), the
+    frozen preconditioner ``inverse``, the gradient and the residual and writes u and the residual:
+    g = concat(tensors) in the residual's dtype, u = factor·u + (1 - factor)·g and residual +=
+    clamp((u·first_scale)·inverse, bound), rounded as the reference ``Backend.adam_step`` rounds them;
+    ``momentum`` and ``inverse`` contiguous vectors of the residual's dtype and length.
+    With ``check_finite`` the inputs are read first: when one holds NaN/Inf nothing is written and
+    the result is not finite. lo == hi: the accumulation alone (no indices)."""
+    if (not _supported(residual, tensors) or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES
+            or not 0 <= lo <= hi <= residual.numel()
+            or not all(_parallel(residual, vector) for vector in (momentum, inverse))):
+        return None
+    selection = _Selected(residual.dtype, lo, hi, threshold, probes, every, index_dtype)
+    constants = (ctypes.c_double * 4)(float(factor), 1.0 - float(factor), float(first_scale), float(bound))
+    selected = _accumulating(residual, tensors, clear_inputs, _adam_accumulate_select, momentum.data_ptr(),
+                             inverse.data_ptr(), constants, int(bool(check_finite)), lo, hi,
+                             *selection.arguments())
+    if selected == _NOT_FINITE_CODE:
+        return Selected(residual, None, [], False)
+    return None if selected < 0 else Selected(residual, *selection.result(selected), True)
+
+
+def adam_accumulate(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
+                    tensors: list[torch.Tensor], factor: float, first_scale: float,
+                    bound: float) -> Velocity | None:
+    """The reference ``Backend.adam_accumulate`` in one pass (``adam_accumulate_select`` without
+    a selection): (residual, u), both updated in place."""
+    done = adam_accumulate_select(residual, momentum, inverse, tensors, factor, first_scale, bound, 0, 0, 0.0,
+                                  [], 1, torch.int64, False, False)
+    return None if done is None else Velocity(residual, momentum)
+
+
+def _parallel(residual: torch.Tensor, vector: torch.Tensor) -> bool:
+    """A vector the kernels read beside the residual: on the CPU, its dtype, length and layout."""
+    return (vector.device.type == "cpu" and vector.dtype == residual.dtype and vector.dim() == 1
+            and vector.is_contiguous() and vector.numel() == residual.numel())
 
 
 def _supported(residual: torch.Tensor, tensors: list[torch.Tensor]) -> bool:

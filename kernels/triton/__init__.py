@@ -22,6 +22,9 @@ named result of the backend op it replaces), with the reference's results bit fo
 * ``momentum_accumulate_select(residual, momentum, tensors, factor, nesterov, lo, hi, threshold,
   probes, every, index_dtype, clear_inputs, check_finite)``  -- 1: accumulate_select (with the
   finite check when asked) with the momentum correction in the same pass
+* ``adam_accumulate(residual, momentum, inverse, tensors, factor, first_scale)`` -- 0, and
+  ``adam_accumulate_select(...)`` -- 1: the same on the Adam path
+* ``adam_update(average, first, second, beta1, beta2, first_scale, second_scale, eps)`` -- 0
 
 Host synchronizations. Each one stalls the host until the GPU has drained its queue, so a bucket
 takes at most one per step: the count of selected entries, which the allgather needs on the host.
@@ -64,6 +67,9 @@ from .accumulate import (
     accumulate_if_finite,
     accumulate_select,
     accumulate_select_if_finite,
+    adam_accumulate,
+    adam_accumulate_select,
+    adam_update,
     all_finite,
     finite_flag,
     momentum_accumulate,
@@ -77,7 +83,27 @@ from .topk import topk_abs
 clear = select_at_least = sampled_threshold_select = zero_at = put_at = not_handled
 accumulate_segment_moments = not_handled
 
-__all__ = ["accumulate", "accumulate_if_finite", "accumulate_moments", "accumulate_norms",
-           "accumulate_segment_moments", "accumulate_select", "accumulate_select_if_finite", "all_finite",
-           "clear", "finite_flag", "mean_std", "momentum_accumulate", "momentum_accumulate_select", "put_at",
-           "sampled_threshold_select", "segment_norms", "select_at_least", "topk_abs", "zero_at"]
+__all__ = [
+    "accumulate",
+    "accumulate_if_finite",
+    "accumulate_moments",
+    "accumulate_norms",
+    "accumulate_segment_moments",
+    "accumulate_select",
+    "accumulate_select_if_finite",
+    "adam_accumulate",
+    "adam_accumulate_select",
+    "adam_update",
+    "all_finite",
+    "clear",
+    "finite_flag",
+    "mean_std",
+    "momentum_accumulate",
+    "momentum_accumulate_select",
+    "put_at",
+    "sampled_threshold_select",
+    "segment_norms",
+    "select_at_least",
+    "topk_abs",
+    "zero_at",
+]

@@ -1,12 +1,16 @@
 """Error feedback and threshold selection in one pass: all_finite, accumulate, accumulate_select,
-and the same with the momentum correction (momentum_accumulate, momentum_accumulate_select).
+and the same with the momentum correction (momentum_accumulate, momentum_accumulate_select) or the
+Adam path (adam_accumulate, adam_accumulate_select), and the Adam path's dense update (adam_update).
 
 ``a = e + g`` is computed per input tensor (one launch each, as the reference adds slice by
 slice), into the residual, optionally zeroing the input in the same pass. With the momentum
 correction the same pass reads and writes the velocity u too: ``u = m·u + g, a = e + u``
 (Nesterov: ``u = m·(u + g), a = (e + u) + g``), every operation rounded on its own as the
 reference's separate torch ops round it (the launches disable the compiler's fusion of a multiply
-and an add into an FMA). With selection, the
+and an add into an FMA). On the Adam path it reads the frozen preconditioner p too:
+``u = b1·u + (1 - b1)·g, a = e + clamp((u·c1)·p, bound)``; its dense update (``adam_update``)
+takes a correctly rounded square root and division (``sqrt_rn``, ``div_rn`` in fp32; fp64's own are). With
+selection, the
 same pass counts, per block of the rank's range [lo, hi), the entries with |a| >= T, and the
 probe counts on the sampled sub-range; an exclusive scan of the block counts (torch.cumsum, on
 the device) then lets a second, range-only pass write the indices of every block at its offset:
@@ -70,11 +74,12 @@ def _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, pro
 @triton.jit
 def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, range_block,
                        num_blocks, skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
-                       sample_len, row_len, every, momentum_ptr, factor_bits,
+                       sample_len, row_len, every, momentum_ptr, factor_bits, inverse_ptr, gain_bits,
+                       c1_bits, bound_bits,
                        SELECT: tl.constexpr, NUM_PROBES: tl.constexpr, GATED: tl.constexpr,
                        CLEAR: tl.constexpr, WIDE: tl.constexpr, NAN_KEY: tl.constexpr,
                        BLOCK: tl.constexpr, MOMENTUM: tl.constexpr = False,
-                       NESTEROV: tl.constexpr = False):
+                       NESTEROV: tl.constexpr = False, ADAM: tl.constexpr = False):
     # Block b covers [b * BLOCK, (b + 1) * BLOCK) of the residual, whichever tensor it reads: the
     # residual's accesses stay aligned (vector loads), and count j belongs to block range_block + j
     # for every launch (a block on a tensor border is counted by two).
@@ -92,7 +97,14 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         g = tl.where(g == 0, tl.zeros_like(g), g).to(e.dtype)
         m = _factor(factor_bits, e)
         u = tl.load(momentum_ptr + position, mask=inside, other=0)
-        if NESTEROV:
+        if ADAM:
+            p = tl.load(inverse_ptr + position, mask=inside, other=0)
+            u = u * m + g * _factor(gain_bits, e)
+            step = (u * _factor(c1_bits, e)) * p
+            bound = _factor(bound_bits, e)
+            step = tl.where(step > bound, bound, tl.where(step < -bound, -bound, step))   # NaN stays
+            a = e + step
+        elif NESTEROV:
             u = (u + g) * m
             a = (e + u) + g
         else:
@@ -124,6 +136,32 @@ def _factor(bits, like):
         return bits.to(tl.int64).to(tl.float64, bitcast=True)
     else:
         return bits.to(tl.int32).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _preconditioned(u, v, c1, c2, eps):
+    """(u·c1) / (sqrt(v·c2) + eps), each operation correctly rounded (torch's are): Triton's fp32
+    square root and division are approximations unless asked for the IEEE ones."""
+    if u.dtype.primitive_bitwidth == 64:
+        return (u * c1) / (tl.sqrt(v * c2) + eps)
+    else:
+        return tl.math.div_rn(u * c1, tl.math.sqrt_rn(v * c2) + eps)
+
+
+@triton.jit
+def _adam_update_kernel(average_ptr, m_ptr, v_ptr, numel, b1_bits, g1_bits, b2_bits, g2_bits, c1_bits,
+                        c2_bits, eps_bits, BLOCK: tl.constexpr):
+    """The Adam path's dense update (Backend.adam_update), in place: m, v and the update over the
+    average."""
+    position = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
+    inside = position < numel
+    a = tl.load(average_ptr + position, mask=inside, other=0)
+    m = tl.load(m_ptr + position, mask=inside, other=0) * _factor(b1_bits, a) + a * _factor(g1_bits, a)
+    v = tl.load(v_ptr + position, mask=inside, other=0) * _factor(b2_bits, a) + (a * a) * _factor(g2_bits, a)
+    tl.store(m_ptr + position, m, mask=inside)
+    tl.store(v_ptr + position, v, mask=inside)
+    out = _preconditioned(m, v, _factor(c1_bits, a), _factor(c2_bits, a), _factor(eps_bits, a))
+    tl.store(average_ptr + position, out, mask=inside)
 
 
 @triton.jit
@@ -211,11 +249,25 @@ class _Selection:
                 for c in counts]
 
 
+class _Adam:
+    """The Adam path's extra stream and constants for the accumulating launches."""
+
+    def __init__(self, inverse: torch.Tensor, factor: float, first_scale: float, bound: float):
+        self.inverse = inverse
+        self.constants = (1.0 - factor, first_scale, bound)
+
+    def arguments(self, residual: torch.Tensor) -> tuple:
+        """inverse_ptr, gain, c1 and the bound as bits of the residual's dtype."""
+        return (self.inverse, *(float_bits(c, residual.dtype) for c in self.constants))
+
+
 def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
                      skip: torch.Tensor | None, selection: _Selection | None,
-                     momentum: tuple[torch.Tensor, float, bool] | None = None) -> None:
+                     momentum: tuple[torch.Tensor, float, bool] | None = None,
+                     adam: _Adam | None = None) -> None:
     """The accumulating launches; ``momentum``: (velocity, factor, nesterov) of the momentum
-    correction, the velocity updated in the same pass."""
+    correction, the velocity updated in the same pass; with ``adam`` the velocity is the Adam
+    path's first moment and its frozen preconditioner is read too."""
     block = _common.BLOCK
     nan = nan_key(residual.dtype)
     lo = selection.lo if selection is not None else 0
@@ -232,6 +284,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
     gate = skip if skip is not None else residual
     velocity, factor, nesterov = momentum if momentum is not None else (residual, 0.0, False)
     factor_bits = float_bits(factor, residual.dtype) if momentum is not None else 0
+    adam_args = adam.arguments(residual) if adam is not None else (residual, 0, 0, 0)
     offset = 0
     for t in tensors:
         n = t.numel()
@@ -244,11 +297,12 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
         with on_device(residual.device):
             _accumulate_kernel[(last - first + 1,)](
                 residual, source, offset, n, lo, hi, first, range_block, num_blocks, gate, counts,
-                probe_counts, key, *probe_keys, *sample, velocity, factor_bits,
+                probe_counts, key, *probe_keys, *sample, velocity, factor_bits, *adam_args,
                 SELECT=selection is not None, NUM_PROBES=fused, GATED=skip is not None,
                 CLEAR=clear_inputs and contiguous,
                 WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
                 NAN_KEY=nan, BLOCK=block, MOMENTUM=momentum is not None, NESTEROV=bool(nesterov),
+                ADAM=adam is not None,
                 enable_fp_fusion=False)   # u·m + g: two roundings, as the reference's two ops
         if clear_inputs and not contiguous:  # the kernel zeroed a copy: zero the tensor itself
             if skip is None:
@@ -269,7 +323,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
 def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
             threshold: float, probes: list[float], every: int, index_dtype: torch.dtype,
             clear_inputs: bool, check_finite: bool,
-            momentum: tuple[torch.Tensor, float, bool] | None = None
+            momentum: tuple[torch.Tensor, float, bool] | None = None, adam: _Adam | None = None
             ) -> Selected | None:
     if not (_residual_supported(residual, tensors) and index_dtype in INDICES
             and 0 <= lo <= hi <= residual.numel()
@@ -280,7 +334,7 @@ def _select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: in
     if check_finite:
         skip = selection.scalars[:1]
         _nonfinite_into(skip, tensors)
-    _accumulate_into(residual, tensors, clear_inputs, skip, selection, momentum)
+    _accumulate_into(residual, tensors, clear_inputs, skip, selection, momentum, adam)
     ends = torch.cumsum(selection.counts, 0)
     head = torch.cat([selection.scalars, ends[-1:]]) if selection.num_blocks else selection.scalars
     values = head.tolist()   # the one host synchronization
@@ -386,3 +440,47 @@ def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, t
         return None
     return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs,
                    check_finite, (momentum, factor, nesterov))
+
+
+def adam_accumulate(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
+                    tensors: list[torch.Tensor], factor: float, first_scale: float,
+                    bound: float) -> Velocity | None:
+    """The reference ``Backend.adam_accumulate`` in one pass: u = factor·u + (1 - factor)·g and
+    residual += clamp((u·first_scale)·inverse, bound), residual and ``momentum`` (u) in place,
+    ``inverse`` (the frozen preconditioner) read. No host synchronization."""
+    if not (_residual_supported(residual, tensors) and _velocity_supported(residual, momentum)
+            and _velocity_supported(residual, inverse)):
+        return None
+    _accumulate_into(residual, tensors, False, None, None, (momentum, factor, False),
+                     _Adam(inverse, factor, first_scale, bound))
+    return Velocity(residual, momentum)
+
+
+def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
+                           tensors: list[torch.Tensor], factor: float, first_scale: float, bound: float,
+                           lo: int, hi: int, threshold: float, probes: list[float], every: int,
+                           index_dtype: torch.dtype, clear_inputs: bool,
+                           check_finite: bool) -> Selected | None:
+    """``accumulate_select`` (with the finite check when asked) on the Adam path of
+    ``adam_accumulate``, in the same pass. ONE host synchronization; not finite: nothing written."""
+    if not (_velocity_supported(residual, momentum) and _velocity_supported(residual, inverse)):
+        return None
+    return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs,
+                   check_finite, (momentum, factor, False), _Adam(inverse, factor, first_scale, bound))
+
+
+def adam_update(average: torch.Tensor, first: torch.Tensor, second: torch.Tensor, beta1: float, beta2: float,
+                first_scale: float, second_scale: float, eps: float
+                ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None:
+    """The reference ``Backend.adam_update`` in one pass, m and v in place and the update written
+    over ``average``: (update, m, v). No host synchronization."""
+    if not (average.dtype in RESIDUALS and average.dim() == 1 and average.is_contiguous()
+            and _velocity_supported(average, first) and _velocity_supported(average, second)):
+        return None
+    if average.numel():
+        bits = [float_bits(c, average.dtype) for c in (beta1, 1.0 - beta1, beta2, 1.0 - beta2, first_scale,
+                                                        second_scale, eps)]
+        with on_device(average.device):
+            _adam_update_kernel[(blocks(average.numel(), _common.BLOCK),)](
+                average, first, second, average.numel(), *bits, BLOCK=_common.BLOCK, enable_fp_fusion=False)
+    return average, first, second

@@ -67,26 +67,37 @@ if HAS_TRITON and not INTERPRETED:
         r, g = nan_key(residual_dtype), nan_key(input_dtype)
         ints = dict(offset=n, numel=n, lo=n, hi=n, first_block=7, range_block=n, num_blocks=n,
                     key_min=n, p0=n, p1=n, p2=n, p3=n, sample_len=n, row_len=n, every=8, n=n,
-                    high_mask=n, iterations=7, factor_bits=float_bits(0.9, residual_dtype))
+                    high_mask=n, iterations=7, factor_bits=float_bits(0.9, residual_dtype),
+                    gain_bits=float_bits(0.1, residual_dtype), c1_bits=float_bits(1.5, residual_dtype),
+                    bound_bits=float_bits(3.0, residual_dtype),
+                    b1_bits=float_bits(0.9, residual_dtype), g1_bits=float_bits(0.1, residual_dtype),
+                    b2_bits=float_bits(0.999, residual_dtype), g2_bits=float_bits(0.001, residual_dtype),
+                    c2_bits=float_bits(3.0, residual_dtype), eps_bits=float_bits(1e-8, residual_dtype))
         block = dict(BLOCK=1024)
         return [
             ("accumulate", "_nonfinite_kernel", dict(x_ptr=input_dtype, flag_ptr=torch.int64),
              dict(NAN_KEY=g, **block)),
             ("accumulate", "_accumulate_kernel",
              dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=torch.int64,
-                  counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype),
+                  counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype,
+                  inverse_ptr=residual_dtype),
              dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r,
-                  MOMENTUM=False, NESTEROV=False, **block)),
+                  MOMENTUM=False, NESTEROV=False, ADAM=False, **block)),
             ("accumulate", "_accumulate_kernel",
              dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=residual_dtype,
-                  counts_ptr=residual_dtype, probe_ptr=residual_dtype, momentum_ptr=residual_dtype),
+                  counts_ptr=residual_dtype, probe_ptr=residual_dtype, momentum_ptr=residual_dtype,
+                  inverse_ptr=residual_dtype),
              dict(SELECT=False, NUM_PROBES=0, GATED=False, CLEAR=False, WIDE=wide, NAN_KEY=r,
-                  MOMENTUM=False, NESTEROV=False, **block)),
+                  MOMENTUM=False, NESTEROV=False, ADAM=False, **block)),
             *[("accumulate", "_accumulate_kernel",
                dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=torch.int64,
-                    counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype),
+                    counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype,
+                    inverse_ptr=residual_dtype),
                dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r,
-                    MOMENTUM=True, NESTEROV=nesterov, **block)) for nesterov in (False, True)],
+                    MOMENTUM=True, NESTEROV=nesterov, ADAM=adam, **block))
+              for nesterov, adam in ((False, False), (True, False), (False, True))],
+            ("accumulate", "_adam_update_kernel",
+             dict(average_ptr=residual_dtype, m_ptr=residual_dtype, v_ptr=residual_dtype), block),
             ("accumulate", "_count_kernel", dict(residual_ptr=residual_dtype, probe_ptr=torch.int64),
              dict(NUM_PROBES=3, NAN_KEY=r, **block)),
             ("accumulate", "_compact_kernel",
@@ -132,13 +143,19 @@ if HAS_TRITON and not INTERPRETED:
             signature = {arg: "constexpr" if arg in constexprs else
                          TYPES[pointers[arg]] if arg in pointers else mangle_type(ints[arg])
                          for arg in kernel.arg_names}
-            # as the ops launch it: the accumulating kernel without FMA contraction
-            options = {"enable_fp_fusion": False} if name == "_accumulate_kernel" else {}
+            # as the ops launch them: the accumulating kernels without FMA contraction
+            options = ({"enable_fp_fusion": False} if name in ("_accumulate_kernel", "_adam_update_kernel")
+                       else {})
             compiled = triton.compile(ASTSource(kernel, signature, constexprs),
                                       target=GPUTarget("cuda", 90, 32), options=options)
             assert compiled.asm["cubin"], name
-            if constexprs.get("MOMENTUM"):   # u·m + g stays a multiply and an add, each rounded
+            if constexprs.get("MOMENTUM") or name == "_adam_update_kernel":
+                # u·m + g stays a multiply and an add, each rounded; the square root and the
+                # division of the dense update are the IEEE ones
                 assert "fma" not in compiled.asm["ptx"], name
+            if name == "_adam_update_kernel" and residual_dtype == torch.float32:
+                ptx = compiled.asm["ptx"]
+                assert "sqrt.rn.f32" in ptx and "div.rn.f32" in ptx and "approx" not in ptx, name
 
     def test_momentum_kernel_would_contract_without_the_option():
         """The check above means something: with fusion allowed, u·m + g becomes an FMA."""
@@ -197,6 +214,12 @@ if HAS_TRITON and not INTERPRETED and torch.cuda.is_available():
         for check in (False, True):
             assert syncs(lambda check=check: kt.momentum_accumulate_select(
                 residual, velocity, grads, 0.9, False, *select, check)) == 1
+        inverse = torch.ones(100_000, device="cuda")
+        assert syncs(lambda: kt.adam_accumulate(residual, velocity, inverse, grads, 0.9, 1.0, 3.0)) == 0
+        for check in (False, True):
+            assert syncs(lambda check=check: kt.adam_accumulate_select(
+                residual, velocity, inverse, grads, 0.9, 1.0, 3.0, *select, check)) == 1
+        assert syncs(lambda: kt.adam_update(x, velocity, inverse, 0.9, 0.999, 1.0, 1.0, 1e-8)) == 0
 
 if HAS_TRITON and not INTERPRETED and not torch.cuda.is_available():
     # About a minute on two free cores; the limits leave room for a machine shared with other jobs.
