@@ -24,6 +24,7 @@ import numpy as np
 
 from . import monitor
 from .algorithms.base import Algorithm, check_choice
+from .algorithms.corrections import AdamPath
 from .engine import Engine, summarize
 from .engine.core import NONFINITE_POLICIES
 from .errors import ConfigurationError
@@ -47,12 +48,23 @@ class FaceBase:
         nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
             the residual, warn), "raise" (every rank raises FloatingPointError; the step is
             applied nowhere and training can go on, docs/usage.md#non-finite-gradients) or "ignore".
+        optimizer: the optimizer the compressor serves (under Horovod, the one then wrapped in
+            ``hvd.DistributedOptimizer``). hvd_sparse's Adam or AdamW turns the Adam path on
+            (docs/methods.md#adam-and-adamw); another optimizer is checked (momentum applied
+            twice) and otherwise left as it is.
     """
 
     framework: ClassVar[str] = "abstract"
 
     def __init__(self, algorithm: Algorithm, *, process_set: Any = None, prefix: str = "hvd_sparse",
-                 nonfinite: str = "skip"):
+                 nonfinite: str = "skip", optimizer: Any = None):
+        path = self.adam_path_of(optimizer)
+        if path is not None and algorithm.corrections.adam != path:
+            raise ConfigurationError(
+                f"optimizer={type(optimizer).__name__}(...) asks for the Adam path {path!r}, and the "
+                f"method was built with adam={algorithm.corrections.adam!r}: build it through the face "
+                f"class (e.g. hvd_sparse.{self.framework}.{type(algorithm).__name__}(..., optimizer=opt)), "
+                "which sets both, or give the algorithm adam= of the same betas and eps")
         self.algorithm = algorithm
         self.process_set = process_set
         self.prefix = prefix
@@ -60,6 +72,10 @@ class FaceBase:
         self._engine: Engine | None = None
         self._elastic: Any = None   # hvd_sparse.elastic.ElasticCompressor, once in an elastic State
         self._optimizer_seen = False   # an optimizer's momentum was checked (_check_optimizer)
+        self._stock_adam_warned = False
+        self._adam_link = self._link_optimizer(optimizer, path) if path is not None else None
+        if optimizer is not None:
+            self._check_optimizer(self._momentum_of(optimizer))
 
     # --- the framework's part ----------------------------------------------------------------------
     def _make_engine(self) -> Engine:
@@ -77,6 +93,46 @@ class FaceBase:
         plan = self.algorithm.plan(keys, sizes)
         return self.algorithm.pack(plan, dict(zip(keys, sizes, strict=True)),
                                    dict(zip(keys, dtypes, strict=True)), PACKED_BUCKET_ENTRIES)
+
+    @classmethod
+    def adam_path_of(cls, optimizer: Any) -> AdamPath | None:
+        """The Adam path that ``optimizer`` (a face's ``optimizer=``) asks for: hvd_sparse's Adam
+        and AdamW of the framework; None for an optimizer the path does not concern. Raises
+        ``ConfigurationError`` naming what to use for one the path cannot serve (the framework's
+        own Adam, which would normalise the path's update again)."""
+        if optimizer is not None and not isinstance(optimizer, AdamPath):
+            raise ConfigurationError(f"the {cls.framework} face does not take optimizer={optimizer!r}")
+        return optimizer
+
+    def _link_optimizer(self, optimizer: Any, path: AdamPath) -> Any:
+        """Link ``optimizer`` to this compressor's Adam path (the framework's shared object)."""
+        return None
+
+    def _momentum_of(self, optimizer: Any) -> str | None:
+        """How ``optimizer`` applies momentum of its own (``_check_optimizer``), or None."""
+        return None
+
+    def _is_stock_adam(self, optimizer: Any) -> bool:
+        """Whether ``optimizer`` is an Adam-style optimizer stepping without the Adam path."""
+        return False
+
+    def _note_optimizer(self, optimizer: Any) -> None:
+        """A face that sees the optimizer stepping its gradients (Horovod's, the Keras wrapper's)
+        checks it once: momentum applied twice (``_check_optimizer``), and an Adam that steps
+        without the Adam path, which warns once naming the fix."""
+        if not self._optimizer_seen:
+            self._check_optimizer(self._momentum_of(optimizer))
+        if self._stock_adam_warned or self.algorithm.corrections.adam is not None:
+            return
+        if self._is_stock_adam(optimizer):
+            self._stock_adam_warned = True
+            warnings.warn(
+                f"hvd_sparse: {type(optimizer).__name__} steps on {type(self.algorithm).__name__}'s "
+                "sparse average without the Adam path. Adam divides each entry by its running RMS, "
+                "so a residual that error feedback releases after many steps moves its weight about "
+                "once, and quality falls well behind dense Adam (docs/methods.md#adam-and-adamw). "
+                f"Build the optimizer as hvd_sparse.{self.framework}'s Adam/AdamW (same arguments) "
+                "and pass it to the compressor as optimizer=", RuntimeWarning, stacklevel=4)
 
     def _extra_stats(self) -> dict:
         """Statistics only the face can measure (PyTorch: communication timing)."""
@@ -230,6 +286,9 @@ def face_class(base: type, algorithm_cls: type, module: str) -> type:
 
     def __init__(self, *args, **kwargs):
         face_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in face_names}
+        path = base.adam_path_of(face_kwargs.get("optimizer"))
+        if path is not None and kwargs.get("adam") is None:
+            kwargs["adam"] = path   # the Adam path: the method is built with it (its defaults follow)
         base.__init__(self, algorithm_cls(*args, **kwargs), **face_kwargs)
 
     algo_params = list(inspect.signature(algorithm_cls.__init__).parameters.values())

@@ -8,10 +8,14 @@ DistributedDataParallel communication hooks (``hvd_sparse.torch.ddp``, which nee
                                                        named_parameters=model.named_parameters()))
 
 Elastic Horovod: ``hvd.elastic.TorchState(model=model, optimizer=opt, compression=compression)``.
+
+Adam and AdamW (the Adam path, docs/methods.md#adam-and-adamw): build the optimizer as
+``hvd_sparse.torch.optim.AdamW`` (torch's arguments) and pass it as ``optimizer=``.
 """
 
 from ..faces import face_classes
 from ..registry import METHODS
+from . import optim
 
 try:
     from .compressor import SparseCompressor  # imports horovod.torch
@@ -40,4 +44,4 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["SparseCompressor", *sorted(FACES)] if _HOROVOD_MISSING is None else []
+__all__ = ["optim", *(["SparseCompressor", *sorted(FACES)] if _HOROVOD_MISSING is None else [])]

@@ -58,32 +58,10 @@ from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError
 from ..faces import FaceBase, refuse_reduction_op
 from .horovod_internals import calling_optimizer
+from .optim import LinksTorchOptimizer, optimizer_momentum  # noqa: F401  (public here too)
 
 _PLACEHOLDER_DTYPES = (torch.float16, torch.float32, torch.float64)
 _SPARSIFIABLE = (*_PLACEHOLDER_DTYPES, torch.bfloat16)
-
-
-def optimizer_momentum(optimizer: Any) -> str | None:
-    """How a torch optimizer applies momentum of its own, or None: ``momentum`` > 0 in a parameter
-    group (SGD, RMSprop), or Adam-style ``betas`` with beta1 > 0 (Adam, AdamW, NAdam, RAdam,
-    Adamax): beta1's moving average of the gradient is a momentum too, and on top of the momentum
-    correction it averages an already averaged gradient."""
-    name = type(optimizer).__name__
-    for group in getattr(optimizer, "param_groups", ()):
-        if _positive(group.get("momentum")):
-            return f"{name}(momentum={float(group['momentum'])})"
-        betas = group.get("betas")
-        if isinstance(betas, (tuple, list)) and betas and _positive(betas[0]):
-            return f"{name}(betas=({', '.join(str(float(b)) for b in betas)}))"
-    return None
-
-
-def _positive(value: Any) -> bool:
-    """A number (or one-element tensor) above zero."""
-    try:
-        return value is not None and not isinstance(value, bool) and float(value) > 0
-    except (TypeError, ValueError, RuntimeError):
-        return False
 
 
 @dataclass
@@ -109,7 +87,7 @@ class _Step:
     decompress_ended: float = 0.0      # ... when the last one so far returned
 
 
-class SparseCompressor(FaceBase, Compressor):
+class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
     """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``).
 
     Args:
@@ -124,13 +102,19 @@ class SparseCompressor(FaceBase, Compressor):
         nonfinite: what a rank does with a NaN/Inf gradient: "skip" (send zeros this step, keep
             the residual, warn), "raise" (every rank raises FloatingPointError; the step is
             applied nowhere and training can go on, docs/usage.md#non-finite-gradients) or "ignore".
+        optimizer: the torch optimizer then wrapped in ``hvd.DistributedOptimizer``.
+            ``hvd_sparse.torch.optim.AdamW`` (or ``Adam``) turns the Adam path on
+            (docs/methods.md#adam-and-adamw); torch's own Adam/AdamW is refused, naming that fix;
+            another optimizer is only checked.
     """
 
     framework = "torch"
 
     def __init__(self, algorithm: Algorithm, *, named_parameters: Iterable | None = None,
-                 process_set: Any = None, prefix: str = "hvd_sparse", nonfinite: str = "skip"):
-        FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite)
+                 process_set: Any = None, prefix: str = "hvd_sparse", nonfinite: str = "skip",
+                 optimizer: Any = None):
+        FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite,
+                          optimizer=optimizer)
         self._param_order: dict[str, int] = {}
         self._params_by_numel: dict[int, list[tuple[str, torch.nn.Parameter]]] = {}
         self._declared_layout: list | None = None   # the model's layout, from named_parameters
@@ -147,6 +131,7 @@ class SparseCompressor(FaceBase, Compressor):
         self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys (the plan)
         self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
         self._warned_unmatched = False
+        self._param_of: dict[str, torch.nn.Parameter | None] = {}   # Adam path: key -> parameter
         self._step = _Step()
 
     # --- Horovod's interface --------------------------------------------------------------------
@@ -162,8 +147,8 @@ class SparseCompressor(FaceBase, Compressor):
         entered = time.perf_counter()
         optimizer, op = calling_optimizer(self)
         refuse_reduction_op(op, hvd)
-        if optimizer is not None and not self._optimizer_seen:
-            self._check_optimizer(optimizer_momentum(optimizer))
+        if optimizer is not None and not (self._optimizer_seen and self._stock_adam_warned):
+            self._note_optimizer(optimizer)
         self._refuse_dtype(tensor)
         first = self._step.outstanding == 0   # the first gradient of a new step
         if first:
@@ -172,6 +157,8 @@ class SparseCompressor(FaceBase, Compressor):
         if not self._config_checked:
             self._agree_on_config(engine, tensor)
         key = self._file(tensor, self._arrival_time(engine, tensor, first))
+        if self._adam_link is not None and key not in self._param_of:
+            self._param_of[key] = self._parameter_of(tensor, optimizer)
         self._running().poll()
         dtype = tensor.dtype if tensor.dtype in _PLACEHOLDER_DTYPES else torch.float32
         placeholder = torch.zeros(1, dtype=dtype, device=tensor.device)
@@ -268,6 +255,7 @@ class SparseCompressor(FaceBase, Compressor):
         began = time.perf_counter()
         run_blocking(engine.end_step(ready), protocols.comm.execute)
         step.end_step_seconds += time.perf_counter() - began
+        self._deliver(p for p in (self._param_of.get(key) for key in step.arrived) if p is not None)
 
     def _after_failure(self, key: str) -> torch.Tensor:
         """A decompress of a step that raised: raise at the last one, so Horovod has waited for
@@ -356,6 +344,18 @@ class SparseCompressor(FaceBase, Compressor):
         for name, param in self._params_by_numel.get(tensor.numel(), ()):
             if param.grad is tensor:
                 return name
+        return None
+
+    def _parameter_of(self, tensor: torch.Tensor, optimizer: Any) -> torch.nn.Parameter | None:
+        """The parameter whose gradient ``tensor`` is: from ``named_parameters``, else from the
+        calling optimizer's parameter groups (the Adam path delivers its update per parameter)."""
+        for _name, param in self._params_by_numel.get(tensor.numel(), ()):
+            if param.grad is tensor:
+                return param
+        for group in getattr(optimizer, "param_groups", ()):
+            for param in group["params"]:
+                if param.grad is tensor:
+                    return param
         return None
 
     def _describe(self, tensor: torch.Tensor) -> str:

@@ -44,6 +44,7 @@ from ..engine import Engine
 from ..engine.core import check_gradient_dtype
 from ..errors import ConfigurationError, UnsupportedTensorError
 from ..faces import FaceBase, face_classes
+from .optim import LinksTorchOptimizer
 
 _DTYPE_NAME = get_backend("torch").dtype_name
 
@@ -78,7 +79,7 @@ class _Step:
     last_seen: float | None = None                    # the last bucket's hook
 
 
-class SparseHookState(FaceBase):
+class SparseHookState(LinksTorchOptimizer, FaceBase):
     """State of ``hook``, a DDP communication hook running ``algorithm``.
 
     Args:
@@ -97,13 +98,18 @@ class SparseHookState(FaceBase):
             applied nowhere and training can go on, docs/ddp.md) or "ignore".
         timeout: how long one of the state's collectives may wait for the other ranks before it
             fails (a ``datetime.timedelta``; default: torch.distributed's default for the backend).
+        optimizer: the torch optimizer stepping the DDP model. ``hvd_sparse.torch.optim.AdamW``
+            (or ``Adam``) turns the Adam path on (docs/methods.md#adam-and-adamw); torch's own
+            Adam/AdamW is refused, naming that fix; another optimizer is only checked.
     """
 
     framework = "ddp"
 
     def __init__(self, algorithm: Algorithm, *, named_parameters: Iterable | None = None,
-                 process_group: Any = None, nonfinite: str = "skip", timeout: timedelta | None = None):
-        FaceBase.__init__(self, algorithm, process_set=process_group, nonfinite=nonfinite)
+                 process_group: Any = None, nonfinite: str = "skip", timeout: timedelta | None = None,
+                 optimizer: Any = None):
+        FaceBase.__init__(self, algorithm, process_set=process_group, nonfinite=nonfinite,
+                          optimizer=optimizer)
         if timeout is not None and not isinstance(timeout, timedelta):
             raise ConfigurationError(f"timeout must be a datetime.timedelta, got {timeout!r}")
         self._comm = TorchDistributedComm(_own_group(process_group, timeout))
@@ -290,6 +296,7 @@ class SparseHookState(FaceBase):
             engine.take_back(step.finished)   # nothing of the step is applied anywhere
             self._fail_waiting(step, _for_ddp(step.error))
         else:
+            self._deliver(self._kept_params)   # before the futures: the optimizer steps after them
             self._complete_done(step)
         self._last, self._step = step, None
         step.timeline["step"] = (0.0, time.perf_counter() - step.began)

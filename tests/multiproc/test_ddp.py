@@ -63,3 +63,11 @@ def test_the_digits_example_learns_under_torchrun():
     print_failure(result)
     assert result.returncode == 0, (result.stdout + result.stderr)[-4000:]
     assert "done: weights identical on all 2 ranks" in result.stdout
+
+
+@pytest.mark.timeout(300)
+def test_ddp_adam_path():
+    """Methods on the Adam path as DDP hooks, with hvd_sparse.torch.optim.AdamW (workers/ddp_adam.py)."""
+    stdout = assert_ranks_passed(torchrun("ddp_adam.py", 2, timeout=280), 2)
+    for config in ("exdyna", "deft", "lags", "topk", "dgc", "resume"):
+        assert stdout.count(f"CHECKED ddp/{config} ") == 2, config

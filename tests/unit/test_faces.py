@@ -17,8 +17,8 @@ import hvd_sparse
 from hvd_sparse import ConfigurationError, registry
 from hvd_sparse.faces import refuse_reduction_op
 
-FACES = {"torch": ("named_parameters", "process_set", "prefix", "nonfinite"),
-         "tensorflow": ("process_set", "prefix", "nonfinite")}
+FACES = {"torch": ("named_parameters", "process_set", "prefix", "nonfinite", "optimizer"),
+         "tensorflow": ("process_set", "prefix", "nonfinite", "optimizer")}
 
 
 @pytest.fixture(scope="module", params=sorted(FACES))
@@ -196,7 +196,11 @@ def test_the_keras_wrapper_warns_about_a_second_momentum_when_built():
         pytest.skip("Horovod's Keras optimizer needs tf-keras (TF_USE_LEGACY_KERAS=1)")
     with pytest.warns(RuntimeWarning, match=r"Adam\(beta_1=0\.9\).*momentum twice"):
         keras.DistributedOptimizer(tf.keras.optimizers.Adam(), hs.TopK(0.1, momentum=0.9))
+    with pytest.warns(RuntimeWarning, match="without the Adam path.*optimizer="):   # Adam, plain
+        keras.DistributedOptimizer(tf.keras.optimizers.Adam(), hs.TopK(0.1))
+    from hvd_sparse.tensorflow.optimizers import AdamW
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         keras.DistributedOptimizer(tf.keras.optimizers.SGD(0.1), hs.TopK(0.1, momentum=0.9))
-        keras.DistributedOptimizer(tf.keras.optimizers.Adam(), hs.TopK(0.1))
+        ours = AdamW(1e-3)
+        keras.DistributedOptimizer(ours, hs.ExDyna(0.1, optimizer=ours))
