@@ -28,12 +28,16 @@ def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
 
 
 def __getattr__(name: str) -> Any:
-    # The Keras callback loads Keras, which TF users without Keras should not pay for.
+    # The Keras callback and optimizers load Keras, which TF users without Keras should not pay for.
     if name == "CompressionCallback":
         from .callbacks import CompressionCallback
 
         return CompressionCallback
+    if name == "optimizers":
+        from . import optimizers
+
+        return optimizers
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CompressionCallback", "DistributedGradientTape", "SparseCompressor", *sorted(FACES)]
+__all__ = ["CompressionCallback", "DistributedGradientTape", "SparseCompressor", "optimizers", *sorted(FACES)]

@@ -46,6 +46,7 @@ from horovod.tensorflow.compression import Compressor
 from tensorflow.python.framework.func_graph import FuncGraph
 
 from ..algorithms.base import MODEL, TENSOR, Algorithm
+from ..algorithms.corrections import AdamPath
 from ..backends import get_backend
 from ..backends.tf_backend import Packed, unpack
 from ..comm import Collective, run_blocking
@@ -120,13 +121,24 @@ def _placeholder(tensor: tf.Tensor, dtype: tf.DType) -> tf.Tensor:
 
 class SparseCompressor(FaceBase, Compressor):
     """Horovod compressor running ``algorithm`` (an ``hvd_sparse.algorithms.Algorithm``); the
-    options are FaceBase's (hvd_sparse/faces.py)."""
+    options are FaceBase's (hvd_sparse/faces.py). ``optimizer=``: the Keras optimizer, whose
+    ``hvd_sparse.tensorflow.optimizers.AdamW`` (or ``Adam``) turns the Adam path on
+    (docs/methods.md#adam-and-adamw); in TensorFlow the path needs a method whose buckets run as
+    one step (``scope="model"``, or LAGS's groups): its dense steps change a step's collectives,
+    which a graph built per tensor cannot follow."""
 
     framework = "tensorflow"
 
     def __init__(self, algorithm: Algorithm, *, process_set: Any = None, prefix: str = "hvd_sparse",
-                 nonfinite: str = "skip"):
-        FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite)
+                 nonfinite: str = "skip", optimizer: Any = None):
+        FaceBase.__init__(self, algorithm, process_set=process_set, prefix=prefix, nonfinite=nonfinite,
+                          optimizer=optimizer)
+        if algorithm.corrections.adam is not None and algorithm.scope == TENSOR:
+            raise ConfigurationError(
+                f"{type(algorithm).__name__}(scope='tensor') cannot run the Adam path in TensorFlow: "
+                "its dense steps average every gradient densely, which changes a step's collectives "
+                "after them, and TensorFlow builds a per-tensor step into a graph once. Pass "
+                "scope='model' (one bucket, run eagerly every step)")
         self._comm: HorovodTFComm | None = None
         self._traces: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
         self._step = _Step()
@@ -143,10 +155,10 @@ class SparseCompressor(FaceBase, Compressor):
         # compress itself (calling_allreduce_op reads the stack from compress's caller).
         refuse_reduction_op(calling_allreduce_op(self), hvd)
         _refuse_eager_and_keras3()
-        if not self._optimizer_seen:
+        if not (self._optimizer_seen and self._stock_adam_warned):
             optimizer = calling_keras_optimizer()
             if optimizer is not None:
-                self._check_optimizer(optimizer_momentum(optimizer))
+                self._note_optimizer(optimizer)
         self._agree_on_config_once()
         trace = self._trace()
         check_gradient_dtype(getattr(tensor, "name", f"g{len(trace.stash)}"), tensor.dtype.name)
@@ -173,6 +185,8 @@ class SparseCompressor(FaceBase, Compressor):
         """Horovod's call per gradient after its allreduce: the average over ranks (built, with
         the steps of the gradients stashed alongside it, at the first call that needs it)."""
         trace = self._trace()
+        if self._adam_link is not None:   # the optimizer applies this trace's outputs as updates
+            self._adam_link.active = True
         if self.algorithm.scope == TENSOR:
             built = trace.outputs = trace.outputs or []
             if ctx >= len(built):   # every gradient compressed since the last build, together
@@ -212,6 +226,26 @@ class SparseCompressor(FaceBase, Compressor):
         with tf.init_scope():
             if tf.executing_eagerly():
                 run_blocking(protocol, self._comm.execute)
+
+    # --- the Adam path's optimizer (hvd_sparse/tensorflow/optimizers.py) ----------------------------
+    @classmethod
+    def adam_path_of(cls, optimizer: Any) -> Any:
+        """``FaceBase.adam_path_of`` for Keras optimizers."""
+        if optimizer is None or isinstance(optimizer, AdamPath):
+            return optimizer
+        from .optimizers import adam_path_of
+        return adam_path_of(optimizer)
+
+    def _link_optimizer(self, optimizer: Any, path: Any) -> Any:
+        from .optimizers import link
+        return link(optimizer, path, self._current_world) if hasattr(optimizer, "get_config") else None
+
+    def _momentum_of(self, optimizer: Any) -> str | None:
+        return optimizer_momentum(optimizer)
+
+    def _is_stock_adam(self, optimizer: Any) -> bool:
+        from .optimizers import is_stock_adam
+        return is_stock_adam(optimizer)
 
     def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         if not tf.executing_eagerly():

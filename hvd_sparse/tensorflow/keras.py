@@ -71,12 +71,13 @@ def DistributedOptimizer(optimizer: Any, compression: Any, **kwargs: Any) -> Any
 
     Refuses Keras 3 (see module docstring) and puts every gradient in one group (``groups=1``;
     whole-model methods need it) unless the caller chose a grouping. Warns once when the
-    compressor's momentum correction is on and ``optimizer`` has momentum of its own.
+    compressor's momentum correction is on and ``optimizer`` has momentum of its own, and once
+    when ``optimizer`` is an Adam that steps without the Adam path (docs/methods.md#adam-and-adamw).
     """
     require_legacy_keras()
-    check = getattr(compression, "_check_optimizer", None)
-    if check is not None:
-        check(optimizer_momentum(optimizer))
+    note = getattr(compression, "_note_optimizer", None)
+    if note is not None:
+        note(optimizer)
     import horovod.tensorflow.keras as hvd_keras
 
     return hvd_keras.DistributedOptimizer(optimizer, compression=compression,
