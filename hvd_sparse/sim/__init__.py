@@ -25,7 +25,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ..algorithms import Algorithm
+from ..algorithms import AdamPath, Algorithm
 from ..algorithms.dense import DENSE, DenseAverage
 from ..backends import get_backend
 from ..comm.local import LocalGroup
@@ -34,6 +34,7 @@ from ..registry import available, create
 from .tasks import TASKS
 
 SCHEDULES = ("constant", "cosine")
+OPTIMIZERS = ("sgd", "adamw")
 
 # One record per step. Scalars describe the step as every rank sees it (rank 0's statistics);
 # lists are per rank, in rank order.
@@ -65,38 +66,82 @@ def methods() -> list[str]:
     return [DENSE, *available()]
 
 
-def make_algorithm(method: str | Algorithm, density: float, options: dict | None = None) -> Algorithm:
+def make_algorithm(method: str | Algorithm, density: float, options: dict | None = None,
+                   adam: AdamPath | None = None) -> Algorithm:
     """The algorithm of ``method``: itself, the plain average for ``dense``, else the registry's with
-    ``options``."""
+    ``options`` (and the Adam path ``adam``, when given)."""
     if isinstance(method, Algorithm):
         return method
     if method == DENSE:
         return DenseAverage()
-    return create(method, density=density, **(options or {}))
+    return create(method, density=density, **(options or {}), **({"adam": adam} if adam else {}))
+
+
+@dataclass(frozen=True)
+class OptimizerRecipe:
+    """The simulator's optimizer: SGD(lr, momentum) or AdamW(lr, betas, eps, weight_decay)."""
+
+    name: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = 1e-8
+    weight_decay: float = 0.01
+
+    def __post_init__(self) -> None:
+        if self.name not in OPTIMIZERS:
+            raise ValueError(f"optimizer must be one of {OPTIMIZERS}, got {self.name!r}")
+
+    def adam_path(self) -> AdamPath:
+        """The Adam path of this AdamW (its betas and eps)."""
+        return AdamPath(*self.betas, self.eps)
+
+    def build(self, params: list[torch.nn.Parameter], applies_updates: bool) -> torch.optim.Optimizer:
+        """The optimizer stepping ``params``. ``applies_updates``: the averaged result is the Adam
+        path's update, applied as AdamW applies its own, p <- p - lr * (update + weight_decay * p),
+        which is SGD with that weight decay (hvd_sparse.torch.optim.AdamW's step, without
+        importing the PyTorch face)."""
+        if self.name == "sgd":
+            return torch.optim.SGD(params, lr=self.lr, momentum=self.momentum)
+        if applies_updates:
+            return torch.optim.SGD(params, lr=self.lr, weight_decay=self.weight_decay)
+        return torch.optim.AdamW(params, lr=self.lr, betas=self.betas, eps=self.eps,
+                                 weight_decay=self.weight_decay)
 
 
 def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: float = 0.01,
              task: str = "digits", batch_size: int = 16, lr: float = 0.05, momentum: float = 0.9,
              seed: int = 0, evaluate_every: int = 0, options: dict | None = None,
              schedule: str = "constant", clip_norm: float | None = None,
-             task_options: dict | None = None,
+             task_options: dict | None = None, optimizer: str = "sgd", weight_decay: float = 0.01,
+             betas: tuple[float, float] = (0.9, 0.999), adam_path: bool = False,
              on_record: Callable[[dict], None] | None = None) -> list[dict]:
     """Train ``task`` for ``steps`` steps with ``world_size`` simulated ranks; one record per step
     (``RECORD_FIELDS``, plus the task's evaluation -- e.g. ``accuracy`` or ``perplexity`` -- every
     ``evaluate_every`` steps and at the last step when ``evaluate_every`` > 0).
 
-    The optimizer is SGD(lr, momentum) on the averaged gradient, after clipping its norm to
-    ``clip_norm`` when given; ``schedule="cosine"`` decays lr to 0 over ``steps``. ``method`` is a
-    registered name (with ``options``), an ``Algorithm``, or ``"dense"``. ``on_record`` is called
-    with each record as it is made (progress, streaming)."""
+    The optimizer is SGD(lr, momentum) on the averaged gradient (``optimizer="adamw"``:
+    AdamW(lr, betas, weight_decay)), after clipping its norm to ``clip_norm`` when given;
+    ``schedule="cosine"`` decays lr to 0 over ``steps``. ``adam_path``: the method runs the Adam
+    path of that AdamW (``AdamPath``; docs/methods.md#adam-and-adamw), whose averaged update the
+    optimizer applies. ``method`` is a registered name (with ``options``), an ``Algorithm``, or
+    ``"dense"``. ``on_record`` is called with each record as it is made (progress, streaming)."""
     if schedule not in SCHEDULES:
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
-    algorithm = make_algorithm(method, density, options)
+    recipe = OptimizerRecipe(optimizer, lr, momentum, tuple(betas), weight_decay=weight_decay)
+    if adam_path and (optimizer != "adamw" or clip_norm is not None or method == DENSE):
+        raise ValueError("adam_path needs optimizer='adamw', a sparsifying method and no clip_norm "
+                         "(the averaged result is an update, not a gradient)")
+    algorithm = make_algorithm(method, density, options, recipe.adam_path() if adam_path else None)
+    applies_updates = algorithm.corrections.adam is not None
+    if steps <= algorithm.corrections.dense_steps + algorithm.corrections.warmup_steps and method != DENSE:
+        raise ValueError(f"a run of {steps} steps ends before its dense steps and warm-up "
+                         f"({algorithm.corrections.dense_steps} + {algorithm.corrections.warmup_steps})")
     job = TASKS[task](batch_size=batch_size, seed=seed, **(task_options or {}))
     ranks = SimulatedRanks.build(algorithm, job.model, world_size)
-    optimizer = torch.optim.SGD([p for _, p in ranks.named], lr=lr, momentum=momentum)
+    optimizer = recipe.build([p for _, p in ranks.named], applies_updates)
     records = []
     for step in range(steps):
         started = time.perf_counter()

@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from . import SCHEDULES, make_algorithm, methods, simulate, summarize_run
+from . import OPTIMIZERS, SCHEDULES, OptimizerRecipe, make_algorithm, methods, simulate, summarize_run
 from .tasks import TASKS, task_info
 
 
@@ -78,6 +78,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lr", type=float, default=0.05)
     parser.add_argument("--momentum", type=float, default=0.9,
                         help="SGD momentum on the average (use 0 with DGC, whose momentum is inside)")
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd",
+                        help="sgd: SGD(lr, momentum); adamw: AdamW(lr, weight decay)")
+    parser.add_argument("--weight-decay", type=float, default=0.01, help="AdamW's (decoupled)")
+    parser.add_argument("--adam-path", action="store_true",
+                        help="run the method on the Adam path of the AdamW (docs/methods.md#adam-and-adamw)")
     parser.add_argument("--schedule", choices=SCHEDULES, default="constant")
     parser.add_argument("--clip-norm", type=float, default=None, help="clip the averaged gradient")
     parser.add_argument("--seed", type=int, default=0, help="model initialisation and data order")
@@ -97,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("--world-size and --steps must be at least 1")
     torch.set_num_threads(args.threads)
     options = parse_options(args.option)
-    algorithm = make_algorithm(args.method, args.density, options)   # fails early on a bad option
+    adam = OptimizerRecipe(args.optimizer).adam_path() if args.adam_path else None
+    algorithm = make_algorithm(args.method, args.density, options, adam)   # fails early on a bad option
 
     def progress(record: dict) -> None:
         step = record["step"]
@@ -112,7 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     records = simulate(algorithm, args.world_size, args.steps, density=args.density, task=args.model,
                        batch_size=args.batch_size, lr=args.lr, momentum=args.momentum, seed=args.seed,
                        evaluate_every=args.evaluate_every, schedule=args.schedule,
-                       clip_norm=args.clip_norm, on_record=progress)
+                       clip_norm=args.clip_norm, optimizer=args.optimizer, weight_decay=args.weight_decay,
+                       adam_path=args.adam_path, on_record=progress)
     summary = summarize_run(records, skip=min(args.skip, args.steps - 1))
     config = {key: (str(value) if isinstance(value, Path) else value) for key, value in vars(args).items()}
     config.update(options=options, hyperparameters=_jsonable(algorithm.describe()),

@@ -8,6 +8,9 @@
 * ``word-lstm``: a word-level LSTM language model (6.2 M parameters, 83% of them in the embedding
   and the decoder) on the source of Python's standard library (``words.py``): the
   communication-bound task, whose dense allreduce at 1 Gbit/s takes longer than its gradient.
+* ``gpt``: a small GPT-style transformer (``gpt.py``: 2 blocks, 128 wide, 0.93 M parameters, the
+  decoder tied to the embedding) on the same corpus with a 4096-token vocabulary: the task that
+  AdamW trains (``simulate(..., optimizer="adamw")``).
 
 Every rank draws its own minibatches from a generator seeded by (seed, rank, step), so two runs
 with the same seed see the same data in the same order whatever the method.
@@ -22,7 +25,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from . import words
+from . import gpt, words
 
 
 class DigitsCNN(torch.nn.Module):
@@ -217,12 +220,22 @@ def word_lstm_model(seed: int = 0, vocab_size: int = words.VOCAB_SIZE, embedding
 def word_lstm_task(batch_size: int = 16, seed: int = 0, seq_len: int = 32, eval_len: int = 64,
                    eval_tokens: int | None = words.EVAL_TOKENS, vocab_size: int = words.VOCAB_SIZE,
                    embedding: int = 256, hidden: int = 256, split: str = "valid") -> Task:
-    """Next-token prediction on the standard-library corpus (``words.word_corpus``); each rank's
-    batch is ``words.word_batch`` (``batch_size`` windows of ``seq_len + 1`` tokens seeded by
-    seed, rank and step). ``evaluate`` returns the perplexity over consecutive windows of
-    ``eval_len`` tokens of the first ``eval_tokens`` tokens (None: all) of ``split``."""
+    """Next-token prediction with the word LSTM on the standard-library corpus
+    (``words.word_corpus``); batches and evaluation: ``language_model_task``."""
     corpus = words.word_corpus(vocab_size)
     model = word_lstm_model(seed, vocab_size, embedding, hidden)
+    return language_model_task("word-lstm", model, corpus, batch_size, seed, seq_len, eval_len,
+                               eval_tokens, split)
+
+
+def language_model_task(name: str, model: torch.nn.Module, corpus: words.WordCorpus, batch_size: int,
+                        seed: int, seq_len: int, eval_len: int, eval_tokens: int | None,
+                        split: str) -> Task:
+    """A next-token task on ``corpus`` (the word and transformer tasks): each rank's batch is
+    ``words.word_batch`` (``batch_size`` windows of ``seq_len + 1`` tokens seeded by seed, rank and
+    step); ``evaluate`` returns the perplexity over consecutive windows of ``eval_len`` tokens of
+    the first ``eval_tokens`` tokens (None: all) of ``split``."""
+    vocab_size = len(corpus.vocab)
     eval_x, eval_y = (torch.from_numpy(a) for a in
                       words.eval_windows(getattr(corpus, split), eval_len, eval_tokens))
 
@@ -239,16 +252,31 @@ def word_lstm_task(batch_size: int = 16, seed: int = 0, seq_len: int = 32, eval_
                        for x, y in zip(eval_x.split(64), eval_y.split(64), strict=True))
         return {"perplexity": float(np.exp(nats / eval_y.numel()))}
 
-    return Task("word-lstm", model, loss, batch, evaluate)
+    return Task(name, model, loss, batch, evaluate)
+
+
+def gpt_task(batch_size: int = 8, seed: int = 0, seq_len: int = 32, eval_len: int = 64,
+             eval_tokens: int | None = words.EVAL_TOKENS, vocab_size: int = gpt.VOCAB_SIZE,
+             width: int = gpt.WIDTH, layers: int = gpt.LAYERS, split: str = "valid") -> Task:
+    """Next-token prediction with the small GPT (``gpt.gpt_model``) on the standard library's
+    whole tree (``words.word_corpus(scope="tree")``) at a ``vocab_size`` vocabulary; batches and
+    evaluation: ``language_model_task``. At 4 ranks and the default batch (8 windows of 32 tokens
+    a rank), 2000 steps read 2.0 M tokens, about one pass over the 2.3 M training tokens."""
+    corpus = words.word_corpus(vocab_size, scope=gpt.CORPUS_SCOPE)
+    model = gpt.gpt_model(seed, vocab_size, width, layers, context=max(seq_len, eval_len))
+    return language_model_task("gpt", model, corpus, batch_size, seed, seq_len, eval_len,
+                               eval_tokens, split)
 
 
 def task_info(name: str, **options) -> dict:
     """What a run of task ``name`` should record about its data besides the configuration: the
-    word model's corpus (Python version, hash of the text, sizes); nothing for the others."""
-    if name != "word-lstm":
-        return {}
-    return words.word_corpus(options.get("vocab_size", words.VOCAB_SIZE)).info()
+    language models' corpus (Python version, hash of the text, sizes); nothing for the others."""
+    if name == "word-lstm":
+        return words.word_corpus(options.get("vocab_size", words.VOCAB_SIZE)).info()
+    if name == "gpt":
+        return words.word_corpus(options.get("vocab_size", gpt.VOCAB_SIZE), scope=gpt.CORPUS_SCOPE).info()
+    return {}
 
 
 TASKS = {"digits": digits_task, "digits-mlp": digits_mlp_task, "lstm": lstm_task,
-         "word-lstm": word_lstm_task}
+         "word-lstm": word_lstm_task, "gpt": gpt_task}
