@@ -15,7 +15,7 @@ demo: install
 		--method exdyna --option threshold_scaling=tracking --compare-dense
 
 lint: install
-	$(VENV)/bin/ruff check hvd_sparse kernels tests examples tools scripts
+	$(VENV)/bin/ruff check hvd_sparse tests examples tools scripts
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") matches no test: report it, do not fail.
 NO_MATCH = if [ $$rc -eq 5 ]; then echo "pytest: no tests matched '$(PYTEST_ARGS)'"; rc=0; fi

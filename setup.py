@@ -1,14 +1,14 @@
 """hvd_sparse: gradient sparsification for Horovod (PyTorch and TensorFlow).
 
-The top-level ``kernels/`` folder installs as the subpackage ``hvd_sparse.kernels``; every
-``kernels/cpu/*.cpp`` is compiled into one shared library inside it (plain C ABI, loaded with
+The kernels live in the package (``hvd_sparse/kernels``); every
+``hvd_sparse/kernels/cpu/*.cpp`` is compiled into one shared library inside it (plain C ABI, loaded with
 ctypes: no Python or torch headers, so it is not tied to the torch ABI). A compiler error fails
 the install. Flags: -O3, strict IEEE floating point (the kernels must match the reference path bit
 for bit), and no -march=native: the library must run on any x86-64 / aarch64 machine. On x86-64
 the same sources are built a second time for the x86-64-v3 level (AVX2, every x86-64 CPU since
 about 2015), which the loader picks at run time where the CPU has it: wider vectors and more loads
 in flight, the same IEEE operations in the same order, so the same results. Where TensorFlow is
-installed, kernels/cpu/tf_ops.cc and the kernel sources it wraps are built against it as a
+installed, hvd_sparse/kernels/cpu/tf_ops.cc and the kernel sources it wraps are built against it as a
 TensorFlow op library (``_tf_ops``), which the TensorFlow backend loads with tf.load_op_library.
 """
 
@@ -20,25 +20,26 @@ from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
 
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno"]
+KERNELS = "hvd_sparse/kernels/cpu"
 
 
 def native(name: str, flags: list[str]) -> Extension:
-    return Extension(f"hvd_sparse.kernels.cpu.{name}", sources=sorted(glob("kernels/cpu/*.cpp")),
-                     depends=sorted(glob("kernels/cpu/*.h")), language="c++",
+    return Extension(f"hvd_sparse.kernels.cpu.{name}", sources=sorted(glob(f"{KERNELS}/*.cpp")),
+                     depends=sorted(glob(f"{KERNELS}/*.h")), language="c++",
                      extra_compile_args=FLAGS + flags)
 
 
 def tensorflow_ops() -> list[Extension]:
-    """The TensorFlow op library (kernels/cpu/tf_ops.cc over the same kernel sources), built
+    """The TensorFlow op library (tf_ops.cc over the same kernel sources), built
     against the installed TensorFlow with its own compile and link flags; none without it."""
     try:
         import tensorflow as tf
     except ImportError:
         return []
     return [Extension("hvd_sparse.kernels.cpu._tf_ops",
-                      sources=["kernels/cpu/tf_ops.cc", "kernels/cpu/topk.cpp", "kernels/cpu/norms.cpp",
-                               "kernels/cpu/accumulate.cpp", "kernels/cpu/sampled.cpp"],
-                      depends=sorted(glob("kernels/cpu/*.h")), language="c++",
+                      sources=[f"{KERNELS}/{name}" for name in ("tf_ops.cc", "topk.cpp", "norms.cpp",
+                                                                 "accumulate.cpp", "sampled.cpp")],
+                      depends=sorted(glob(f"{KERNELS}/*.h")), language="c++",
                       extra_compile_args=[*FLAGS, "-Wno-deprecated-declarations",
                                           *tf.sysconfig.get_compile_flags()],
                       extra_link_args=tf.sysconfig.get_link_flags())]
@@ -68,9 +69,7 @@ setup(
     description="Gradient sparsification (ExDyna, DEFT, LAGS-SGD, MiCRO, top-k, ...) for Horovod",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
-    packages=find_packages(include=["hvd_sparse", "hvd_sparse.*"])
-    + ["hvd_sparse.kernels"] + [f"hvd_sparse.kernels.{p}" for p in find_packages("kernels")],
-    package_dir={"hvd_sparse.kernels": "kernels"},
+    packages=find_packages(include=["hvd_sparse", "hvd_sparse.*"]),
     ext_modules=libraries,
     cmdclass={"build_ext": BuildEachApart},
     python_requires=">=3.10",

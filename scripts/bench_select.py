@@ -35,7 +35,7 @@ With ``--momentum 0.9`` (``--nesterov``) every method runs with the momentum cor
 (algorithms/corrections.py), whose accumulation reads and writes the velocity u too; each step is
 then also divided by that path's floor, timed beside the other before every step: one pass that
 reads u, g and e and writes u and e (``u = 0.9·u + g; e += u``; the native one-pass kernel of
-kernels/cpu/momentum.cpp, the Triton one on a GPU), reported as ``over_momentum_floor``, which the
+hvd_sparse/kernels/cpu/momentum.cpp, the Triton one on a GPU), reported as ``over_momentum_floor``, which the
 targets of such a run judge:
 
     python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on off \
@@ -95,7 +95,7 @@ class Floor:
 class MomentumFloor:
     """The floor of the momentum correction's accumulation: one pass over n floats that reads u, g
     and e and writes u and e (``u = m·u + g; e += u``), timed once per call. The one-pass kernel
-    of the device is called directly (kernels/cpu/momentum.cpp, or the Triton accumulation), in
+    of the device is called directly (hvd_sparse/kernels/cpu/momentum.cpp, or the Triton accumulation), in
     any kernel mode; where it cannot load, torch's three ops stand in (``kind`` says which)."""
 
     def __init__(self, n: int, device: str, factor: float = 0.9, nesterov: bool = False):
@@ -105,10 +105,10 @@ class MomentumFloor:
         try:
             if device == "cuda":
                 from hvd_sparse.kernels.triton import momentum_accumulate
-                self.kind = "the Triton kernel, kernels/triton/accumulate.py"
+                self.kind = "the Triton kernel, hvd_sparse/kernels/triton/accumulate.py"
             else:
                 from hvd_sparse.kernels.cpu import momentum_accumulate
-                self.kind = "the native kernel, kernels/cpu/momentum.cpp"
+                self.kind = "the native kernel, hvd_sparse/kernels/cpu/momentum.cpp"
             self.kernel = momentum_accumulate
         except (ImportError, OSError, RuntimeError) as error:   # KernelUnavailable is a RuntimeError
             print(f"momentum floor: the one-pass kernel cannot load ({error}); {self.kind}", flush=True)
@@ -445,7 +445,8 @@ def size_table(result: dict, rows: list[dict], modes: list[str]) -> list[str]:
               + ("; x momentum floor" if momentum else "")
               + ". Kernels on: hvd_sparse.set_kernels(\"auto\") "
               "(the fused CPU kernels, docs/kernels.md); off: the reference torch ops. TensorFlow: the "
-              "TF backend's own ops and its top-k op (kernels/cpu/tf_ops.cc), same gradients and floor.", ""]
+              "TF backend's own ops and its top-k op (hvd_sparse/kernels/cpu/tf_ops.cc), same gradients and "
+              "floor.", ""]
     return lines
 
 

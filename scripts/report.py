@@ -375,7 +375,8 @@ def main() -> None:
     gpu = sorted((bench / "gpu").glob("*.log")) if (bench / "gpu").exists() else []
     if not any(log.name.startswith("select_kernels_") for log in gpu):
         lines += ["## GPU kernels", "",
-                  "GPU: not measured. The Triton kernels (kernels/triton) are tested on every CI run "
+                  "GPU: not measured. The Triton kernels (hvd_sparse/kernels/triton) are tested on every CI "
+                  "run "
                   "in Triton's interpreter and compiled for sm_90 there, but have not run on a GPU: "
                   "no GPU was lent to the sessions that built them. `bash scripts/gpu_check.sh` runs "
                   "the CUDA tests and `bench_select.py --device cuda --kernels on off` in one command "

@@ -1,6 +1,6 @@
 """The import graph of hvd_sparse, read from the source (no module is imported).
 
-Every ``hvd_sparse/**.py`` and ``kernels/**.py`` (installed as ``hvd_sparse.kernels``) is parsed;
+Every ``hvd_sparse/**.py`` (the kernels included, ``hvd_sparse/kernels``) is parsed;
 each import statement becomes an edge from its module, marked ``module`` (runs when the module is
 imported: top level, class bodies, ``if TYPE_CHECKING:`` blocks, ``try:``) or ``function`` (inside
 a function: runs only when it is called). tests/unit/test_imports.py checks the graph against
@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-SOURCES = (("hvd_sparse", "hvd_sparse"), ("kernels", "hvd_sparse.kernels"))
+SOURCES = (("hvd_sparse", "hvd_sparse"),)
 MODULE, FUNCTION = "module", "function"
 
 

@@ -33,16 +33,16 @@ stack_key() {
     cat "$repo/tools/install.sh" "$repo/constraints.txt" "$repo/setup.py" | sha256sum | cut -c1-16
 }
 
-# The native kernel library (kernels/cpu/*.cpp, built in place by the editable install): a change
+# The native kernel library (hvd_sparse/kernels/cpu/*.cpp, built in place by the editable install): a change
 # to a source, or a missing library, rebuilds it alone (seconds).
 kernels_stamp="$venv/.hvd_sparse_kernels"
 kernels_key() {
-    cat "$repo/setup.py" "$repo"/kernels/cpu/*.cpp $(ls "$repo"/kernels/cpu/*.h "$repo"/kernels/cpu/*.cc 2>/dev/null) \
+    cat "$repo/setup.py" "$repo"/hvd_sparse/kernels/cpu/*.cpp $(ls "$repo"/hvd_sparse/kernels/cpu/*.h "$repo"/hvd_sparse/kernels/cpu/*.cc 2>/dev/null) \
         | sha256sum | cut -c1-16
 }
 kernels_built() {
     [ -f "$kernels_stamp" ] && [ "$(cat "$kernels_stamp")" = "$(kernels_key)" ] \
-        && ls "$repo"/kernels/cpu/_native*.so >/dev/null 2>&1
+        && ls "$repo"/hvd_sparse/kernels/cpu/_native*.so >/dev/null 2>&1
 }
 install_package() {  # editable: compiles the kernels in place; a compiler error fails the install
     if ! pip_quiet "$venv/bin/python" -m pip --disable-pip-version-check -q install --no-deps \
@@ -58,7 +58,7 @@ if [ "${1:-}" = "--force" ]; then
 fi
 if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$(stack_key)" ] && [ -x "$venv/bin/horovodrun" ]; then
     if ! kernels_built; then
-        log "building the kernels (kernels/cpu changed)"
+        log "building the kernels (hvd_sparse/kernels/cpu changed)"
         install_package
     fi
     log "stack already installed in .venv (tools/install.sh --force rebuilds it)"

@@ -6,10 +6,10 @@ correction) returns the same named result wherever it is implemented:
 * ``Backend.<op>`` (backends/base.py: the reference composition, and a backend's own) returns it;
 * a method's ``Algorithm.accumulate_select`` returns a ``Selected`` too, or None where it does not
   fuse (the engine then calls ``accumulate`` and ``select``);
-* a kernel op module (``KernelOps``: kernels/cpu, kernels/triton) returns it, or None where it
-  does not handle the arguments (a dtype or layout it has no kernel for: the backend then runs
-  the reference ops). Every op module has every op of ``KernelOps``, so a backend calls them all
-  the same way.
+* a kernel op module (``KernelOps``: hvd_sparse/kernels/cpu, hvd_sparse/kernels/triton) returns
+  it, or None where it does not handle the arguments (a dtype or layout it has no kernel for: the
+  backend then runs the reference ops). Every op module has every op of ``KernelOps``, so a
+  backend calls them all the same way.
 
 A kernel writes into its first argument, so the ``acc`` of its result is that argument (the
 residual); an immutable backend's ``acc`` is a new array. This module sits below both the

@@ -5,7 +5,7 @@ same results: ``segment_norms`` and ``mean_std`` are float32 roundings of exact 
 a fast float64 sum where its error bound cannot change the result and by an exact sum elsewhere;
 magnitudes order by integer keys (``MAGNITUDE_KEYS``); a sampled count reads the same runs
 (``sample_shape``). The backends (backends/base.py and its implementations) and the kernels
-(kernels/) both import this module; it imports neither, only NumPy and the standard library.
+(hvd_sparse/kernels/) both import this module; it imports neither, only NumPy and the standard library.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ write the parts directly; the reference ops work on their concatenation (``Packe
 on first use): the same TF ops on the same values, so the same bits
 (docs/architecture.md#tensorflow-face).
 
-With the op library (kernels/tf_ops.py), the ops that take the residual or the velocity first
+With the op library (hvd_sparse/kernels/tf_ops.py), the ops that take the residual or the velocity first
 (``accumulate``, ``accumulate_select``, ``zero_at``, ``put``) write it in place, as the torch
 backend does: a new tensor the size of the model every step would cost its page faults, which
 on a virtual machine took longer than the arithmetic. Only a tensor this backend owns is written
@@ -159,7 +159,7 @@ class TensorFlowBackend(Backend):
         return Selected(_own(acc), idx, counts, True)
 
     def select_at_least(self, x, lo, hi, threshold, probes=(), every=1):
-        ops = kernels.tensorflow_ops()   # one read, no |x| of x's size (kernels/tf_ops.py)
+        ops = kernels.tensorflow_ops()   # one read, no |x| of x's size (hvd_sparse/kernels/tf_ops.py)
         done = None if ops is None else ops.select_at_least(x, lo, hi, threshold, list(probes), every)
         if done is not None:
             return done
@@ -290,7 +290,7 @@ class TensorFlowBackend(Backend):
 
     def topk_abs_indices(self, x, k):
         x = self.flat(x)
-        ops = kernels.tensorflow_ops()   # the CPU kernel as a TensorFlow op (kernels/tf_ops.py)
+        ops = kernels.tensorflow_ops()   # the CPU kernel as a TensorFlow op (hvd_sparse/kernels/tf_ops.py)
         selected = ops.topk_abs(x, k) if ops is not None else None
         if selected is not None:
             return selected

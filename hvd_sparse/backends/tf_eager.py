@@ -1,4 +1,5 @@
-"""Eager TensorFlow helpers shared by the TensorFlow backend and the op wrappers (kernels/tf_ops.py).
+"""Eager TensorFlow helpers shared by the TensorFlow backend and the op wrappers
+(hvd_sparse/kernels/tf_ops.py).
 
 A per-tensor step makes a few eager calls per gradient on tens of small tensors, where
 TensorFlow's Python dispatch costs more than the kernels: a ``tf.constant`` vector about 10 us,

@@ -33,7 +33,6 @@ def documented_layers() -> dict[str, int]:
         row = ROW.match(line)
         for path in re.findall(r"`([^`]+)`", row.group(2)) if row else ():
             name = path.removesuffix("/").removesuffix(".py").removesuffix("/__init__")
-            name = "hvd_sparse/kernels" if name == "kernels" else name   # installed there
             layers[name.replace("/", ".")] = int(row.group(1))
     return layers
 

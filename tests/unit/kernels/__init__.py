@@ -1,1 +1,1 @@
-"""Tests of the kernels (kernels/, installed as hvd_sparse.kernels) against the reference ops."""
+"""Tests of the kernels (hvd_sparse/kernels/) against the reference ops."""

@@ -1,7 +1,7 @@
 """The Adam path's kernels against the reference path bit for bit: the fused accumulate-and-select
-(``adam_accumulate_select``, kernels/cpu/accumulate.cpp: residual, first moment u, indices, probe
+(``adam_accumulate_select``, hvd_sparse/kernels/cpu/accumulate.cpp: residual, first moment u, indices, probe
 counts, finite verdict, inputs), the accumulation alone (``adam_accumulate``) and the dense steps'
-update (``adam_update``, kernels/cpu/adam.cpp); and every method on the Adam path through the
+update (``adam_update``, hvd_sparse/kernels/cpu/adam.cpp); and every method on the Adam path through the
 engine with kernels on and off: identical outputs, residuals, moments, control state and
 statistics. (The Triton versions: triton_cases.py.)"""
 

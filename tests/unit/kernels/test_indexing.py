@@ -1,4 +1,4 @@
-"""The CPU index-write kernels (kernels/cpu/indexing.cpp) and the int32-preserving backend ops they
+"""The CPU index-write kernels (hvd_sparse/kernels/cpu/indexing.cpp) and the int32-preserving backend ops they
 serve (``zero_at``, ``scatter_into``, ``take``, ``count_in_ranges``): the same result as the
 reference ops, bit for bit, for both index dtypes; an invalid index raises and writes nothing."""
 

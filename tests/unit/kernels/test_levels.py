@@ -10,6 +10,7 @@ import sys
 
 import numpy as np
 import pytest
+
 from hvd_sparse.kernels.cpu import _library
 
 BASELINE = _library.library_path(_library.STEM)

@@ -1,5 +1,5 @@
 """The fused accumulate-and-select with the momentum correction (``momentum_accumulate_select``,
-kernels/cpu/accumulate.cpp) against the reference path bit for bit -- the residual, the velocity
+hvd_sparse/kernels/cpu/accumulate.cpp) against the reference path bit for bit -- the residual, the velocity
 u, the indices, the probe counts, the finite verdict and the inputs -- standard and Nesterov, fp32
 and fp64 residuals, every input dtype; and ExDyna, MiCRO and the hard threshold with
 ``momentum=0.9`` through the engine with kernels on and off: identical outputs, residuals, u,

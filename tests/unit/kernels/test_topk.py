@@ -27,7 +27,7 @@ NP, TB = get_backend("numpy"), get_backend("torch")
 # runs (4096 entries) up; below, the radix select. LARGE samples the most runs, MID fewer.
 LARGE = 300_000
 MID = (5_000, 40_000, 150_000)
-SAMPLE_RUNS, RUN_LENGTH, SAMPLE_SHARE, MIN_RUNS = 1024, 64, 4, 16   # as in kernels/cpu/topk.cpp
+SAMPLE_RUNS, RUN_LENGTH, SAMPLE_SHARE, MIN_RUNS = 1024, 64, 4, 16   # as in hvd_sparse/kernels/cpu/topk.cpp
 
 
 def sampled_runs(n: int) -> list[int]:

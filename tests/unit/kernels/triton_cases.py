@@ -22,10 +22,9 @@ if not INTERPRETED and not torch.cuda.is_available():
                        "Triton is imported (tests/unit/kernels/test_triton.py sets it)")
 
 import hvd_sparse.kernels.triton as kt  # noqa: E402
-from hvd_sparse.kernels.triton import _common as common  # noqa: E402
-
 from hvd_sparse import kernels  # noqa: E402
 from hvd_sparse.backends.torch_backend import TorchBackend  # noqa: E402
+from hvd_sparse.kernels.triton import _common as common  # noqa: E402
 
 DEVICE = "cpu" if INTERPRETED else "cuda"
 MODULE = "hvd_sparse.kernels.triton"

@@ -1,4 +1,4 @@
-"""The native CPU library: every kernels/cpu/*.cpp built into one shared object, loaded with ctypes.
+"""The native CPU library: every ``*.cpp`` here built into one shared object, loaded with ctypes.
 
 setup.py builds it (plain C ABI, no Python or torch headers) as ``_native<EXT_SUFFIX>`` next to
 this file, and on x86-64 a second time for the x86-64-v3 level (AVX2) as ``_native_v3``; an
@@ -15,7 +15,7 @@ import importlib.machinery
 import os
 from pathlib import Path
 
-from ...errors import ConfigurationError  # hvd_sparse.errors: kernels/ installs inside hvd_sparse
+from ...errors import ConfigurationError
 from .. import KernelUnavailable
 
 HERE = Path(__file__).resolve().parent

@@ -1,4 +1,4 @@
-"""TensorFlow custom ops over the CPU kernels: kernels/cpu/tf_ops.cc, compiled with the same kernel
+"""TensorFlow custom ops over the CPU kernels: hvd_sparse/kernels/cpu/tf_ops.cc, compiled with the same kernel
 sources against the installed TensorFlow (setup.py, ``_tf_ops`` next to the ctypes library) and
 loaded with ``tf.load_op_library``. The ops run in TensorFlow's executor on TensorFlow's buffers,
 eager or inside a graph: nothing leaves the framework.

@@ -1,7 +1,7 @@
 // TensorFlow custom ops over the CPU kernels: the same C functions the ctypes library exports,
 // compiled from the same sources (topk.cpp) into a library built against the installed
 // TensorFlow (setup.py: tf.sysconfig's compile and link flags) and loaded with
-// tf.load_op_library (kernels/cpu/tf_ops.py). An op runs inside TensorFlow's own executor, eager
+// tf.load_op_library (hvd_sparse/kernels/cpu/tf_ops.py). An op runs inside TensorFlow's own executor, eager
 // or in a graph, on TensorFlow's buffers: nothing is copied out of the framework.
 //
 // HvdSparseTopkAbs(x, k) -> indices: the k entries of largest magnitude of x (flattened) as

@@ -1,4 +1,4 @@
-"""Kernels: fused replacements for short runs of backend operations (installed as hvd_sparse.kernels).
+"""Kernels: fused replacements for short runs of backend operations (hvd_sparse.kernels).
 
 A kernel gives exactly the result of the reference path (the backend's own framework ops) in
 fewer passes over memory. The torch backend asks ``ops_for(tensor)`` for the op module of the
@@ -27,7 +27,7 @@ from types import ModuleType
 from typing import Any, cast
 
 from ..backends.contract import KernelOps
-from ..errors import ConfigurationError  # hvd_sparse.errors: this package installs inside it
+from ..errors import ConfigurationError
 
 MODES = ("auto", "off")
 ENVIRONMENT = "HVD_SPARSE_KERNELS"
@@ -77,7 +77,7 @@ def ops_for(tensor: Any) -> KernelOps | None:
 
 
 def tensorflow_ops() -> ModuleType | None:
-    """The TensorFlow op module (kernels/tf_ops.py: custom ops built against the installed
+    """The TensorFlow op module (hvd_sparse/kernels/tf_ops.py: custom ops built against the installed
     TensorFlow from the CPU kernels' sources), or None: kernels off, or a library that cannot load
     (warned once per cause). The TensorFlow backend asks it for the ops it has."""
     if _mode == "off":
