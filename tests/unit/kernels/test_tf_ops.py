@@ -1,6 +1,7 @@
 """The TensorFlow custom ops (hvd_sparse/kernels/tf_ops.py over hvd_sparse/kernels/cpu/tf_ops.cc)
 against the TensorFlow backend's reference ops, bit for bit: random, heavy-tailed, tied, all-zero
-and NaN/Inf data, empty and full selections, fp32 and fp64, int32 and int64 indices; and the backend's switch."""
+and NaN/Inf data, empty and full selections, fp32 and fp64, int32 and int64 indices; and the
+backend's switch."""
 
 from __future__ import annotations
 
