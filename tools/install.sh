@@ -100,6 +100,8 @@ log "mpi4py==$mpi4py_v, build and test tools"
 "${pip[@]}" install "${constraints[@]}" "mpi4py==$mpi4py_v" \
     cloudpickle psutil pyyaml packaging cffi wheel setuptools \
     numpy pytest pytest-timeout hypothesis ruff scikit-learn matplotlib
+# transformers for examples/gpt2.py: pure Python, and torch is already pinned above.
+"${pip[@]}" install "${constraints[@]}" "transformers==$(pin transformers)"
 # Triton at the version torch's CUDA build requires: the GPU kernels run on it, and on this CPU
 # torch the tests run them in its interpreter. It goes into .venv/triton, off the venv's path:
 # its native library crashes a process that loaded TensorFlow first, and torch imports Triton
