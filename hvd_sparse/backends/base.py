@@ -27,16 +27,19 @@ import numpy as np
 from .contract import Array, Moments, Norms, SampledSegment, Selected, ThresholdBand, Velocity
 
 
-@dataclass(frozen=True)
-class Preconditioner:
-    """The Adam path's frozen preconditioner: ``inverse`` = 1 / (sqrt(v_hat) + eps) of the second
-    moment the dense steps left (the residual's dtype and length; ``Backend.precondition`` of
-    ones, taken once), the first moment's bias correction and the update's bound: the update is
-    ``clamp((u * first_scale) * inverse, bound)``, in that order (algorithms/corrections.py
-    ``AdamPath``)."""
+@dataclass
+class SecondMoment:
+    """The Adam path's second moment on its sparse steps: each rank's own v from its own gradient
+    (the residual's dtype and length; updated in place, or replaced by backends whose arrays are
+    immutable), its factor beta2, the bias corrections of m and v and the update's bound: the
+    update is ``clamp(precondition(u, v, first_scale, second_scale, eps), bound)``
+    (algorithms/corrections.py ``AdamPath``)."""
 
-    inverse: Array
+    buffer: Array
+    factor: float
     first_scale: float
+    second_scale: float
+    eps: float
     bound: float = float("inf")   # each step's update clipped to [-bound, bound] (NaN stays NaN)
 
 
@@ -46,13 +49,14 @@ class Momentum:
     (the residual's dtype and length; updated in place, or replaced by backends whose arrays are
     immutable), its factor and form. With it, what is accumulated into the residual is
     ``u <- factor*u + g`` (Nesterov: ``u <- factor*(u + g)``, then ``(e + u) + g``) instead of g.
-    With a ``preconditioner`` (the Adam path) u is Adam's first moment,
-    ``u <- factor*u + (1 - factor)*g``, and the residual gains ``Backend.precondition`` of it."""
+    With a ``second`` moment (the Adam path) u is Adam's first moment,
+    ``u <- factor*u + (1 - factor)*g``, v is updated from g alike, and the residual gains Adam's
+    update of them (``Backend.adam_step``)."""
 
     buffer: Array
     factor: float
     nesterov: bool = False
-    preconditioner: Preconditioner | None = None
+    second: SecondMoment | None = None
 
 
 class Backend:
@@ -267,7 +271,7 @@ class Backend:
         ``clear_inputs`` every input is also set to zero (mutable backends; the engine writes the
         average into the inputs later, so a kernel can clear them in the same pass). With
         ``momentum`` the gradient enters through the velocity (``Momentum``), which is updated."""
-        if momentum is not None and momentum.preconditioner is not None:
+        if momentum is not None and momentum.second is not None:
             out, momentum.buffer = self.adam_accumulate(residual, momentum, tensors)
         elif momentum is not None:
             out, momentum.buffer = self.momentum_accumulate(residual, momentum.buffer, tensors,
@@ -358,19 +362,21 @@ class Backend:
 
     def adam_accumulate(self, residual: Array, momentum: Momentum, tensors: list[Array]) -> Velocity:
         """The Adam path's accumulation of the gradient g = concat(tensors) (``momentum`` has a
-        ``Preconditioner``): ``Velocity`` (residual + clamp((u·first_scale)·inverse, bound), u) with
-        u = u·factor + g·(1 - factor); may write into residual and the velocity."""
+        ``SecondMoment``): ``adam_step`` of it; may write into residual and both moments."""
         grad = self.accumulate(self.zeros(self.numel(residual), self.dtype_name(residual), like=residual),
                                tensors)
         return self.adam_step(residual, momentum, grad)
 
     def adam_step(self, residual: Array, momentum: Momentum, grad: Array) -> Velocity:
         """``adam_accumulate`` from the gradient as one vector (``grad`` may be overwritten):
-        u = u·factor + g·(1 - factor), residual + clamp((u·first_scale)·inverse, bound)."""
-        p = momentum.preconditioner
-        u = self.add(self.scale(momentum.buffer, momentum.factor), self.scale(grad, 1.0 - momentum.factor))
-        step = self.clamp(self.multiply(self.scale(self.copy(u), p.first_scale), p.inverse), p.bound)
-        return Velocity(self.add(residual, step), u)
+        u = u·factor + g·(1 - factor), v = v·beta2 + (g·g)·(1 - beta2) (``momentum.second.buffer``
+        replaced by the new v), then residual + clamp(precondition(u, v), bound): Adam's moments
+        and update as ``adam_update`` rounds them, clamped. Returns (residual, u)."""
+        second = momentum.second
+        update, u, second.buffer = self.adam_update(grad, momentum.buffer, second.buffer, momentum.factor,
+                                                    second.factor, second.first_scale, second.second_scale,
+                                                    second.eps)
+        return Velocity(self.add(residual, self.clamp(update, second.bound)), u)
 
     def adam_update(self, average: Array, first: Array, second: Array, beta1: float, beta2: float,
                     first_scale: float, second_scale: float, eps: float) -> tuple[Array, Array, Array]:

@@ -129,14 +129,15 @@ class KernelOps(Protocol):
                                    check_finite: bool) -> Selected | None:
         """``accumulate_select`` through the momentum correction, in one pass."""
 
-    def adam_accumulate(self, residual: Array, momentum: Array, inverse: Array, tensors: list[Array],
-                        factor: float, first_scale: float, bound: float) -> Velocity | None:
-        """The Adam path's accumulation (``Backend.adam_accumulate``), in place."""
+    def adam_accumulate(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
+                        second: Any) -> Velocity | None:
+        """The Adam path's accumulation (``Backend.adam_accumulate``; ``second``: the backends'
+        ``SecondMoment``), both moments in place."""
 
-    def adam_accumulate_select(self, residual: Array, momentum: Array, inverse: Array, tensors: list[Array],
-                               factor: float, first_scale: float, bound: float, lo: int, hi: int,
-                               threshold: float, probes: list[float], every: int, index_dtype: Any,
-                               clear_inputs: bool, check_finite: bool) -> Selected | None:
+    def adam_accumulate_select(self, residual: Array, momentum: Array, tensors: list[Array], factor: float,
+                               second: Any, lo: int, hi: int, threshold: float,
+                               probes: list[float], every: int, index_dtype: Any, clear_inputs: bool,
+                               check_finite: bool) -> Selected | None:
         """``accumulate_select`` through the Adam path's accumulation, in one pass."""
 
     def adam_update(self, average: Array, first: Array, second: Array, beta1: float, beta2: float,

@@ -115,7 +115,7 @@ class TensorFlowBackend(Backend):
             return done.acc
         if not isinstance(tensors, Packed):
             return super().accumulate(residual, tensors, clear_inputs, momentum)
-        if momentum is not None and momentum.preconditioner is not None:
+        if momentum is not None and momentum.second is not None:
             out, momentum.buffer = self.adam_accumulate(residual, momentum, tensors)
         elif momentum is not None:
             out, momentum.buffer = self.momentum_accumulate(residual, momentum.buffer, tensors,
@@ -141,7 +141,7 @@ class TensorFlowBackend(Backend):
         in place when this backend owns them; None without a kernel. (``clear_inputs`` is moot:
         TensorFlow's inputs are never written.)"""
         ops = kernels.tensorflow_ops()
-        if ops is None or (momentum is not None and momentum.preconditioner is not None):
+        if ops is None or (momentum is not None and momentum.second is not None):
             return None
         velocity = None if momentum is None else momentum.buffer
         in_place = _owned(residual) and (velocity is None or _owned(velocity))

@@ -235,9 +235,9 @@ class TorchBackend(Backend):
         return super().momentum_accumulate(residual, momentum, tensors, factor, nesterov)
 
     def adam_accumulate(self, residual, momentum, tensors):
-        ops, p = kernels.ops_for(residual), momentum.preconditioner
-        done = None if ops is None else ops.adam_accumulate(residual, momentum.buffer, p.inverse, tensors,
-                                                             momentum.factor, p.first_scale, p.bound)
+        ops = kernels.ops_for(residual)
+        done = None if ops is None else ops.adam_accumulate(residual, momentum.buffer, tensors,
+                                                             momentum.factor, momentum.second)
         if done is not None:
             return done
         return super().adam_accumulate(residual, momentum, tensors)
@@ -295,11 +295,11 @@ class TorchBackend(Backend):
                           index_dtype="int64", clear_inputs=False, check_finite=False, momentum=None):
         ops = kernels.ops_for(residual)
         done = None
-        if ops is not None and momentum is not None and momentum.preconditioner is not None:
-            p = momentum.preconditioner   # the Adam path in the same pass
+        if ops is not None and momentum is not None and momentum.second is not None:
+            # the Adam path in the same pass: both moments updated in place (or, not finite, left)
             done = ops.adam_accumulate_select(
-                residual, momentum.buffer, p.inverse, tensors, momentum.factor, p.first_scale, p.bound, lo,
-                hi, threshold, list(probes), every, _DTYPES[index_dtype], clear_inputs, check_finite)
+                residual, momentum.buffer, tensors, momentum.factor, momentum.second, lo, hi, threshold,
+                list(probes), every, _DTYPES[index_dtype], clear_inputs, check_finite)
         elif ops is not None and momentum is not None:   # the momentum correction in the same pass
             # momentum.buffer updated in place (or, not finite, left)
             done = ops.momentum_accumulate_select(

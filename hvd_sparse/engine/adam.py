@@ -6,16 +6,13 @@ Two phases per bucket, decided by its step counter, which every rank counts alik
   averaged densely; then every rank takes Adam's moments of the average (the same on every rank,
   so they stay identical) and the bucket's result is Adam's update m_hat / (sqrt(v_hat) + eps)
   (``dense_update``);
-* **sparse** (afterwards): v stays as the dense steps left it, kept as its preconditioner
-  1 / (sqrt(v_hat) + eps) (``Bucket.preconditioner``, taken once at the first sparse step, v then
-  dropped: no square root or division per step); the rank's own m is updated from its own
-  gradient and the preconditioned update is what the bucket accumulates into its residual
-  (``sparse_momentum``, a ``Momentum`` with a ``Preconditioner`` that the accumulating backend ops
-  and kernels take). The method selects from that as from any accumulated vector; the average of
-  what is sent is the update.
+* **sparse** (afterwards): each rank carries both moments on from its own gradient and
+  accumulates its own clamped update into its residual (``sparse_momentum``: a ``Momentum`` with
+  a ``SecondMoment``, which the accumulating backend ops and kernels take). The method selects
+  from that as from any accumulated vector; the average of what is sent is the update.
 
 m lives where the momentum correction keeps its velocity (``Bucket.momentum``), v in
-``Bucket.second_moment``; checkpoints carry m and v or the preconditioner.
+``Bucket.second_moment``; checkpoints carry both.
 """
 
 from __future__ import annotations
@@ -27,7 +24,7 @@ import numpy as np
 
 from ..algorithms.corrections import AdamPath
 from ..backends import Backend, Momentum
-from ..backends.base import Preconditioner
+from ..backends.base import SecondMoment
 from . import patterns
 
 
@@ -36,19 +33,14 @@ def updates_before(step: int) -> int:
     return step + 1
 
 
-def sparse_momentum(backend: Backend, bucket: Any, path: AdamPath, dense_steps: int) -> Momentum:
-    """The sparse phase's accumulation for ``bucket`` at its step ``bucket.step``: m from the rank's
-    own gradient, the preconditioner of v as the ``dense_steps`` left it (taken now if not yet)."""
-    if bucket.preconditioner is None:
-        _ensure_moments(backend, bucket)
-        dtype = backend.dtype_name(bucket.residual)
-        ones = backend.from_numpy(np.ones(bucket.numel, dtype=dtype), like=bucket.residual)
-        bucket.preconditioner = backend.precondition(ones, bucket.second_moment, 1.0,
-                                                     path.second_scale(max(dense_steps, 1)), path.eps)
-        bucket.second_moment = None   # what the sparse steps need of it is the preconditioner
-    preconditioner = Preconditioner(bucket.preconditioner, path.first_scale(updates_before(bucket.step)),
-                                    path.update_bound)
-    return Momentum(bucket.momentum, path.beta1, preconditioner=preconditioner)
+def sparse_momentum(backend: Backend, bucket: Any, path: AdamPath) -> Momentum:
+    """The sparse phase's accumulation for ``bucket`` at its step ``bucket.step``: m and v carried
+    on from the rank's own gradient, their bias corrections those of update ``bucket.step + 1``."""
+    _ensure_moments(backend, bucket)
+    updates = updates_before(bucket.step)
+    second = SecondMoment(bucket.second_moment, path.beta2, path.first_scale(updates),
+                          path.second_scale(updates), path.eps, path.update_bound)
+    return Momentum(bucket.momentum, path.beta1, second=second)
 
 
 def dense_update(backend: Backend, bucket: Any, out: patterns.Exchanged, path: AdamPath,
@@ -72,6 +64,17 @@ def take_back(bucket: Any) -> None:
     if bucket.adam_before is not None:
         bucket.momentum, bucket.second_moment = bucket.adam_before
         bucket.adam_before = None
+
+
+def saved_second_moment(saved: dict, path: AdamPath | None, dense_steps: int) -> np.ndarray | None:
+    """v of a saved bucket: its ``second_moment``, or, in a file of the frozen second moment this
+    path had before, v recovered from the preconditioner p = 1 / (sqrt(v * c2) + eps) that the
+    ``dense_steps`` left: v = (1/p - eps)^2 / c2."""
+    if saved.get("second_moment") is not None or saved.get("preconditioner") is None or path is None:
+        return saved.get("second_moment")
+    inverse = np.asarray(saved["preconditioner"], dtype=np.float64)
+    root = np.maximum(1.0 / inverse - path.eps, 0.0)
+    return root * root / path.second_scale(max(dense_steps, 1))
 
 
 def _ensure_moments(backend: Backend, bucket: Any) -> None:

@@ -77,9 +77,7 @@ class Bucket:
     momentum: Any = None            # the momentum correction's velocity u (None: not started)
     momentum_unmasked: Any = None   # u of the last step before masking (nonfinite="raise": for
                                     # take_back)
-    second_moment: Any = None       # the Adam path's v (engine/adam.py; None: not started, or
-                                    # replaced by its preconditioner after the dense steps)
-    preconditioner: Any = None      # the Adam path's 1 / (sqrt(v_hat) + eps) on the sparse steps
+    second_moment: Any = None       # the Adam path's v (engine/adam.py; None: not started)
     adam_before: Any = None         # (m, v) before the last dense Adam step (nonfinite="raise": for
                                     # take_back)
     dense: bool = False             # every tensor under ``dense_below``: always averaged densely
@@ -216,6 +214,8 @@ class Engine:
             acc, idx, finite = fused.acc, fused.idx, fused.finite
         if ctx.momentum is not None:   # the velocity, updated (or, not finite, left) by the op
             bucket.momentum = ctx.momentum.buffer
+            if ctx.momentum.second is not None:   # and the Adam path's v with it
+                bucket.second_moment = ctx.momentum.second.buffer
         if not finite:   # select from zeros, as every method does on such a step
             acc, idx = self._skip_nonfinite(bucket), None
         times.select += time.perf_counter() - started
@@ -378,7 +378,7 @@ class Engine:
         if corrections.adam is not None:
             if bucket.dense or corrections.dense_at(bucket.step):
                 return None
-            return adam.sparse_momentum(self.backend, bucket, corrections.adam, corrections.dense_steps)
+            return adam.sparse_momentum(self.backend, bucket, corrections.adam)
         if corrections.momentum == 0.0:
             return None
         if bucket.momentum is None:
@@ -587,8 +587,6 @@ class Engine:
                       "momentum": None if bk.momentum is None else b.to_numpy(bk.momentum).copy(),
                       "second_moment": None if bk.second_moment is None
                       else b.to_numpy(bk.second_moment).copy(),
-                      "preconditioner": None if bk.preconditioner is None
-                      else b.to_numpy(bk.preconditioner).copy(),
                       "control": None if bk.control is None else self.algorithm.control_state(bk.control)}
                 for key, bk in self.buckets.items()
             },
@@ -629,7 +627,7 @@ class Engine:
                 "buckets": {key: {"shapes": saved["shapes"], "step": saved["step"],
                                   "members": saved.get("members", ()),
                                   "second_moment": saved.get("second_moment"),
-                                  "preconditioner": saved.get("preconditioner"),
+                                  "preconditioner": saved.get("preconditioner"),   # older files
                                   "agreed_momentum": saved.get("momentum") if self._global_momentum(saved)
                                   else None,
                                   "control": None if saved["control"] is None
@@ -694,12 +692,15 @@ class Engine:
 
 
     def _restore_adam(self, bucket: Bucket, saved: dict, like: Any) -> None:
-        """The Adam path's moments at any world size: v (or its preconditioner) is the same on
-        every rank, and m (a rank's own after the dense steps) is a sound start for any process."""
+        """The Adam path's moments at any world size: a rank's own m and v (the same on every rank
+        during the dense steps) are a sound start for any process, as the ranks' moments differ
+        only by their gradients' noise. Files of the frozen path hold v's preconditioner instead."""
         b, dtype = self.backend, self.backend.dtype_name(bucket.residual)
-        for field in ("second_moment", "preconditioner", "momentum"):
-            if saved.get(field) is not None:
-                setattr(bucket, field, b.from_numpy(np.asarray(saved[field]).astype(dtype), like=like))
+        corrections = self.algorithm.corrections
+        second = adam.saved_second_moment(saved, corrections.adam, corrections.dense_steps)
+        for field, value in (("second_moment", second), ("momentum", saved.get("momentum"))):
+            if value is not None:
+                setattr(bucket, field, b.from_numpy(np.asarray(value).astype(dtype), like=like))
 
 
 def _joined(parts: list[dict]) -> dict:

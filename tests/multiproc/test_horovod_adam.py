@@ -3,7 +3,7 @@
 The PyTorch worker (workers/torch_adam.py) trains every method with hvd_sparse.torch.optim.AdamW
 linked through ``optimizer=`` and checks on every rank and step that the optimizer applied what
 the compressor delivered, Adam of the average during the dense steps, exact error feedback on the
-preconditioned update afterwards, and identical weights (workers/adam_checks.py); then a
+rank's own Adam update afterwards, and identical weights (workers/adam_checks.py); then a
 checkpoint resume, nonfinite="raise", a learning-rate schedule, bfloat16 parameters and the
 warning about torch's AdamW stepping without the path.
 """

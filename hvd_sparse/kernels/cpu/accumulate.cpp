@@ -98,23 +98,25 @@ inline void momentum_chunk(R* __restrict r, R* __restrict u, X* __restrict x, in
     if (clear) std::memset(static_cast<void*>(x), 0, sizeof(X) * n);
 }
 
-// The Adam path's accumulation of one piece (the reference Backend.adam_step): Adam's first moment
-// u and the frozen preconditioner p = 1 / (sqrt(v_hat) + eps) run parallel to the residual;
-// element by element in R,
+// The Adam path's accumulation of one piece (the reference Backend.adam_step): Adam's moments u
+// and v of the rank's own gradient run parallel to the residual; element by element in R,
 //   g = 0 + x                        (as momentum_chunk's)
-//   u = u * b1 + g * gain            (gain = 1 - b1, rounded to R by the caller)
-//   r = r + clamp((u * c1) * p, -bound, bound)        (NaN passes the clamp, as torch's)
-// each operation rounded to R in that order.
+//   u = u * b1 + g * gain1           (gain1 = 1 - b1, rounded to R by the caller)
+//   v = v * b2 + (g * g) * gain2     (gain2 = 1 - b2)
+//   r = r + clamp((u * c1) / (sqrt(v * c2) + eps), -bound, bound)   (NaN passes the clamp)
+// each operation rounded to R in that order (adam.cpp's update, clamped).
 template <typename R, typename X>
-inline void adam_chunk(R* __restrict r, R* __restrict u, const R* __restrict p, X* __restrict x, int64_t n,
+inline void adam_chunk(R* __restrict r, R* __restrict u, R* __restrict v, X* __restrict x, int64_t n,
                        const R* k, bool clear) {
     using C = typename Compute<R, X>::type;
-    const R b1 = k[0], gain = k[1], c1 = k[2], bound = k[3];
+    const R b1 = k[0], gain1 = k[1], b2 = k[2], gain2 = k[3], c1 = k[4], c2 = k[5], eps = k[6], bound = k[7];
     for (int64_t i = 0; i < n; ++i) {
         const R g = R(C(0) + C(widen(x[i])));
-        const R m = u[i] * b1 + g * gain;
+        const R m = u[i] * b1 + g * gain1;
+        const R w = v[i] * b2 + (g * g) * gain2;
         u[i] = m;
-        R step = (m * c1) * p[i];
+        v[i] = w;
+        R step = (m * c1) / (std::sqrt(w * c2) + eps);
         step = step > bound ? bound : (step < -bound ? -bound : step);
         r[i] = r[i] + step;
     }
@@ -143,8 +145,8 @@ struct MomentumAdd {
 template <typename R>
 struct AdamAdd {
     R* u = nullptr;
-    const R* v = nullptr;
-    R k[4] = {};   // b1, gain, c1, bound
+    R* v = nullptr;
+    R k[8] = {};   // b1, 1 - b1, b2, 1 - b2, c1, c2, eps, bound
     template <typename X>
     void operator()(R* r, X* x, int64_t at, int64_t n, bool clear) const {
         adam_chunk(r, u + at, v + at, x, n, k, clear);
@@ -468,12 +470,12 @@ int64_t run_momentum(void* residual, const void* const* inputs, const int* dtype
     return s.selected;
 }
 
-// run_momentum with the Adam path's accumulation (AdamAdd): one pass reads u, p, the input and the
-// residual and writes u and the residual. constants: b1, gain, c1, bound (doubles, rounded to R
-// here as the reference rounds the Python floats it multiplies and clamps by).
+// run_momentum with the Adam path's accumulation (AdamAdd): one pass reads u, v, the input and the
+// residual and writes u, v and the residual. constants: b1, 1 - b1, b2, 1 - b2, c1, c2, eps, bound
+// (doubles, rounded to R here as the reference rounds the Python floats it multiplies and clamps by).
 template <typename R, typename I>
 int64_t run_adam(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
-                 int num_inputs, bool clear, void* momentum, const void* second, const double* constants,
+                 int num_inputs, bool clear, void* momentum, void* second, const double* constants,
                  bool check, int64_t lo, int64_t hi, double threshold, void* out, const double* probes,
                  int num_probes, int64_t row_len, int64_t every, int64_t sample_end, int64_t* counts) {
     if (check)
@@ -482,8 +484,8 @@ int64_t run_adam(void* residual, const void* const* inputs, const int* dtypes, c
     auto s = selection<R, I>(lo, hi, threshold, out, probes, num_probes, row_len, every, sample_end);
     AdamAdd<R> add;
     add.u = static_cast<R*>(momentum);
-    add.v = static_cast<const R*>(second);
-    for (int j = 0; j < 4; ++j) add.k[j] = R(constants[j]);
+    add.v = static_cast<R*>(second);
+    for (int j = 0; j < 8; ++j) add.k[j] = R(constants[j]);
     accumulate_all<R>(residual, inputs, dtypes, sizes, num_inputs, clear, s, add);
     for (int p = 0; p < num_probes; ++p) counts[p] = s.counts[p];
     return s.selected;
@@ -577,14 +579,14 @@ int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype
     return -1;
 }
 
-// hvd_sparse_momentum_accumulate_select on the Adam path: the inputs enter Adam's first moment
-// momentum (u) and the residual gains (u·c1)·p with second the frozen preconditioner p (both
-// residual_dtype, contiguous, as long as the residual; u updated in place); constants =
-// {b1, 1 - b1, c1}. lo == hi: the accumulation alone. Returns the count,
+// hvd_sparse_momentum_accumulate_select on the Adam path: the inputs enter Adam's moments momentum
+// (u) and second (v) and the residual gains the clamped update of them (adam_chunk; both
+// residual_dtype, contiguous, as long as the residual, updated in place); constants =
+// {b1, 1 - b1, b2, 1 - b2, c1, c2, eps, bound}. lo == hi: the accumulation alone. Returns the count,
 // -2 when check != 0 and an input holds NaN/Inf (nothing written), -1 for unsupported arguments.
 int64_t hvd_sparse_adam_accumulate_select(void* residual, int residual_dtype, const void* const* inputs,
                                           const int* dtypes, const int64_t* sizes, int num_inputs, int clear,
-                                          void* momentum, const void* second, const double* constants,
+                                          void* momentum, void* second, const double* constants,
                                           int check, int64_t lo, int64_t hi, double threshold, void* out,
                                           int index_bits, const double* probes, int num_probes,
                                           int64_t row_len, int64_t every, int64_t sample_end,

@@ -10,6 +10,7 @@ residual that is not a contiguous fp32/fp64 CPU vector): the caller then runs th
 from __future__ import annotations
 
 import ctypes
+from typing import Any
 
 import numpy as np
 import torch
@@ -144,39 +145,45 @@ def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, t
     return None if selected < 0 else Selected(residual, *selection.result(selected), True)
 
 
-def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
-                           tensors: list[torch.Tensor], factor: float, first_scale: float, bound: float,
-                           lo: int, hi: int, threshold: float, probes: list[float], every: int,
-                           index_dtype: torch.dtype, clear_inputs: bool,
+def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
+                           factor: float, second: Any, lo: int, hi: int, threshold: float,
+                           probes: list[float], every: int, index_dtype: torch.dtype, clear_inputs: bool,
                            check_finite: bool) -> Selected | None:
-    """``accumulate_select`` on the Adam path, in one pass that reads u (Adam's first moment), the
-    frozen preconditioner ``inverse``, the gradient and the residual and writes u and the residual:
-    g = concat(tensors) in the residual's dtype, u = factor·u + (1 - factor)·g and residual +=
-    clamp((u·first_scale)·inverse, bound), rounded as the reference ``Backend.adam_step`` rounds them;
-    ``momentum`` and ``inverse`` contiguous vectors of the residual's dtype and length.
-    With ``check_finite`` the inputs are read first: when one holds NaN/Inf nothing is written and
-    the result is not finite. lo == hi: the accumulation alone (no indices)."""
+    """``accumulate_select`` on the Adam path, in one pass that reads u and v (Adam's moments,
+    ``momentum`` and ``second.buffer``), the gradient and the residual and writes all but the
+    gradient: g = concat(tensors) in the residual's dtype, u = factor·u + (1 - factor)·g,
+    v = b2·v + (1 - b2)·g², residual += clamp((u·c1) / (sqrt(v·c2) + eps), bound), rounded as the
+    reference ``Backend.adam_step`` rounds them (``second``: a ``SecondMoment``); u and v contiguous
+    vectors of the residual's dtype and length. With ``check_finite`` the inputs are read first:
+    when one holds NaN/Inf nothing is written and the result is not finite. lo == hi: the
+    accumulation alone (no indices)."""
     if (not _supported(residual, tensors) or index_dtype not in _INDEX_BITS or len(probes) > MAX_PROBES
             or not 0 <= lo <= hi <= residual.numel()
-            or not all(_parallel(residual, vector) for vector in (momentum, inverse))):
+            or not all(_parallel(residual, vector) for vector in (momentum, second.buffer))):
         return None
     selection = _Selected(residual.dtype, lo, hi, threshold, probes, every, index_dtype)
-    constants = (ctypes.c_double * 4)(float(factor), 1.0 - float(factor), float(first_scale), float(bound))
+    constants = (ctypes.c_double * 8)(*adam_constants(factor, second))
     selected = _accumulating(residual, tensors, clear_inputs, _adam_accumulate_select, momentum.data_ptr(),
-                             inverse.data_ptr(), constants, int(bool(check_finite)), lo, hi,
+                             second.buffer.data_ptr(), constants, int(bool(check_finite)), lo, hi,
                              *selection.arguments())
     if selected == _NOT_FINITE_CODE:
         return Selected(residual, None, [], False)
     return None if selected < 0 else Selected(residual, *selection.result(selected), True)
 
 
-def adam_accumulate(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
-                    tensors: list[torch.Tensor], factor: float, first_scale: float,
-                    bound: float) -> Velocity | None:
+def adam_constants(factor: float, second: Any) -> tuple[float, ...]:
+    """The kernels' constants of the Adam path's accumulation: b1, 1 - b1, b2, 1 - b2, c1, c2, eps
+    and the bound, as the reference computes them in Python floats."""
+    return (float(factor), 1.0 - float(factor), float(second.factor), 1.0 - float(second.factor),
+            float(second.first_scale), float(second.second_scale), float(second.eps), float(second.bound))
+
+
+def adam_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
+                    factor: float, second: Any) -> Velocity | None:
     """The reference ``Backend.adam_accumulate`` in one pass (``adam_accumulate_select`` without
-    a selection): (residual, u), both updated in place."""
-    done = adam_accumulate_select(residual, momentum, inverse, tensors, factor, first_scale, bound, 0, 0, 0.0,
-                                  [], 1, torch.int64, False, False)
+    a selection): (residual, u), both moments updated in place."""
+    done = adam_accumulate_select(residual, momentum, tensors, factor, second, 0, 0, 0.0, [], 1, torch.int64,
+                                  False, False)
     return None if done is None else Velocity(residual, momentum)
 
 

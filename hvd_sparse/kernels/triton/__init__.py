@@ -22,7 +22,7 @@ named result of the backend op it replaces), with the reference's results bit fo
 * ``momentum_accumulate_select(residual, momentum, tensors, factor, nesterov, lo, hi, threshold,
   probes, every, index_dtype, clear_inputs, check_finite)``  -- 1: accumulate_select (with the
   finite check when asked) with the momentum correction in the same pass
-* ``adam_accumulate(residual, momentum, inverse, tensors, factor, first_scale)`` -- 0, and
+* ``adam_accumulate(residual, momentum, tensors, factor, second)`` -- 0, and
   ``adam_accumulate_select(...)`` -- 1: the same on the Adam path
 * ``adam_update(average, first, second, beta1, beta2, first_scale, second_scale, eps)`` -- 0
 

@@ -7,10 +7,10 @@ slice), into the residual, optionally zeroing the input in the same pass. With t
 correction the same pass reads and writes the velocity u too: ``u = m·u + g, a = e + u``
 (Nesterov: ``u = m·(u + g), a = (e + u) + g``), every operation rounded on its own as the
 reference's separate torch ops round it (the launches disable the compiler's fusion of a multiply
-and an add into an FMA). On the Adam path it reads the frozen preconditioner p too:
-``u = b1·u + (1 - b1)·g, a = e + clamp((u·c1)·p, bound)``; its dense update (``adam_update``)
-takes a correctly rounded square root and division (``sqrt_rn``, ``div_rn`` in fp32; fp64's own are). With
-selection, the
+and an add into an FMA). On the Adam path it reads and writes the second moment v too:
+``u = b1·u + (1 - b1)·g, v = b2·v + (1 - b2)·g², a = e + clamp((u·c1) / (sqrt(v·c2) + eps), bound)``,
+as its dense update (``adam_update``) does, with a correctly rounded square root and division
+(``sqrt_rn``, ``div_rn`` in fp32; fp64's own are). With selection, the
 same pass counts, per block of the rank's range [lo, hi), the entries with |a| >= T, and the
 probe counts on the sampled sub-range; an exclusive scan of the block counts (torch.cumsum, on
 the device) then lets a second, range-only pass write the indices of every block at its offset:
@@ -19,6 +19,8 @@ The total, the finite flag and the probe counts come back to the host in one cop
 """
 
 from __future__ import annotations
+
+from typing import Any
 
 import torch
 import triton
@@ -74,8 +76,8 @@ def _count_probes(key, position, inside, lo, hi, sample_len, row_len, every, pro
 @triton.jit
 def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_block, range_block,
                        num_blocks, skip_ptr, counts_ptr, probe_ptr, key_min, p0, p1, p2, p3,
-                       sample_len, row_len, every, momentum_ptr, factor_bits, inverse_ptr, gain_bits,
-                       c1_bits, bound_bits,
+                       sample_len, row_len, every, momentum_ptr, factor_bits, second_ptr, gain_bits,
+                       b2_bits, g2_bits, c1_bits, c2_bits, eps_bits, bound_bits,
                        SELECT: tl.constexpr, NUM_PROBES: tl.constexpr, GATED: tl.constexpr,
                        CLEAR: tl.constexpr, WIDE: tl.constexpr, NAN_KEY: tl.constexpr,
                        BLOCK: tl.constexpr, MOMENTUM: tl.constexpr = False,
@@ -98,9 +100,11 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         m = _factor(factor_bits, e)
         u = tl.load(momentum_ptr + position, mask=inside, other=0)
         if ADAM:
-            p = tl.load(inverse_ptr + position, mask=inside, other=0)
+            v = tl.load(second_ptr + position, mask=inside, other=0)
             u = u * m + g * _factor(gain_bits, e)
-            step = (u * _factor(c1_bits, e)) * p
+            v = v * _factor(b2_bits, e) + (g * g) * _factor(g2_bits, e)
+            tl.store(second_ptr + position, v, mask=inside)
+            step = _preconditioned(u, v, _factor(c1_bits, e), _factor(c2_bits, e), _factor(eps_bits, e))
             bound = _factor(bound_bits, e)
             step = tl.where(step > bound, bound, tl.where(step < -bound, -bound, step))   # NaN stays
             a = e + step
@@ -250,15 +254,17 @@ class _Selection:
 
 
 class _Adam:
-    """The Adam path's extra stream and constants for the accumulating launches."""
+    """The Adam path's second stream (v, written) and constants for the accumulating launches."""
 
-    def __init__(self, inverse: torch.Tensor, factor: float, first_scale: float, bound: float):
-        self.inverse = inverse
-        self.constants = (1.0 - factor, first_scale, bound)
+    def __init__(self, factor: float, second: Any):
+        self.second = second.buffer
+        self.constants = (1.0 - factor, second.factor, 1.0 - second.factor, second.first_scale,
+                          second.second_scale, second.eps, second.bound)
 
     def arguments(self, residual: torch.Tensor) -> tuple:
-        """inverse_ptr, gain, c1 and the bound as bits of the residual's dtype."""
-        return (self.inverse, *(float_bits(c, residual.dtype) for c in self.constants))
+        """second_ptr, then 1 - b1, b2, 1 - b2, c1, c2, eps and the bound as bits of the residual's
+        dtype."""
+        return (self.second, *(float_bits(c, residual.dtype) for c in self.constants))
 
 
 def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_inputs: bool,
@@ -267,7 +273,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
                      adam: _Adam | None = None) -> None:
     """The accumulating launches; ``momentum``: (velocity, factor, nesterov) of the momentum
     correction, the velocity updated in the same pass; with ``adam`` the velocity is the Adam
-    path's first moment and its frozen preconditioner is read too."""
+    path's first moment, and its second moment is updated too."""
     block = _common.BLOCK
     nan = nan_key(residual.dtype)
     lo = selection.lo if selection is not None else 0
@@ -284,7 +290,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
     gate = skip if skip is not None else residual
     velocity, factor, nesterov = momentum if momentum is not None else (residual, 0.0, False)
     factor_bits = float_bits(factor, residual.dtype) if momentum is not None else 0
-    adam_args = adam.arguments(residual) if adam is not None else (residual, 0, 0, 0)
+    adam_args = adam.arguments(residual) if adam is not None else (residual, *[0] * 7)
     offset = 0
     for t in tensors:
         n = t.numel()
@@ -442,31 +448,29 @@ def momentum_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, t
                    check_finite, (momentum, factor, nesterov))
 
 
-def adam_accumulate(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
-                    tensors: list[torch.Tensor], factor: float, first_scale: float,
-                    bound: float) -> Velocity | None:
-    """The reference ``Backend.adam_accumulate`` in one pass: u = factor·u + (1 - factor)·g and
-    residual += clamp((u·first_scale)·inverse, bound), residual and ``momentum`` (u) in place,
-    ``inverse`` (the frozen preconditioner) read. No host synchronization."""
+def adam_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
+                    factor: float, second: Any) -> Velocity | None:
+    """The reference ``Backend.adam_accumulate`` in one pass: u = factor·u + (1 - factor)·g,
+    v = b2·v + (1 - b2)·g² and residual += clamp((u·c1) / (sqrt(v·c2) + eps), bound), the residual
+    and both moments (``momentum``, ``second.buffer`` of a ``SecondMoment``) in place. No host
+    synchronization."""
     if not (_residual_supported(residual, tensors) and _velocity_supported(residual, momentum)
-            and _velocity_supported(residual, inverse)):
+            and _velocity_supported(residual, second.buffer)):
         return None
-    _accumulate_into(residual, tensors, False, None, None, (momentum, factor, False),
-                     _Adam(inverse, factor, first_scale, bound))
+    _accumulate_into(residual, tensors, False, None, None, (momentum, factor, False), _Adam(factor, second))
     return Velocity(residual, momentum)
 
 
-def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, inverse: torch.Tensor,
-                           tensors: list[torch.Tensor], factor: float, first_scale: float, bound: float,
-                           lo: int, hi: int, threshold: float, probes: list[float], every: int,
-                           index_dtype: torch.dtype, clear_inputs: bool,
+def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],
+                           factor: float, second: Any, lo: int, hi: int, threshold: float,
+                           probes: list[float], every: int, index_dtype: torch.dtype, clear_inputs: bool,
                            check_finite: bool) -> Selected | None:
     """``accumulate_select`` (with the finite check when asked) on the Adam path of
     ``adam_accumulate``, in the same pass. ONE host synchronization; not finite: nothing written."""
-    if not (_velocity_supported(residual, momentum) and _velocity_supported(residual, inverse)):
+    if not (_velocity_supported(residual, momentum) and _velocity_supported(residual, second.buffer)):
         return None
     return _select(residual, tensors, lo, hi, threshold, probes, every, index_dtype, clear_inputs,
-                   check_finite, (momentum, factor, False), _Adam(inverse, factor, first_scale, bound))
+                   check_finite, (momentum, factor, False), _Adam(factor, second))
 
 
 def adam_update(average: torch.Tensor, first: torch.Tensor, second: torch.Tensor, beta1: float, beta2: float,

@@ -8,10 +8,10 @@ the step:
   Adam's update of the average of every rank's gradient, m_hat / (sqrt(v_hat) + eps), from the
   moments m and v of the state before, which must come out updated (``check_dense``);
 * a sparse step: ``accumulated`` computes what the engine must have sparsified -- u' = b1*u +
-  (1-b1)*g, then e + clamp((u'*c1)*p, bound) with p the frozen preconditioner (taken from v at the
-  first sparse step) -- in the same float32 operations; correction_checks.check_bucket checks the
-  applied average, the selection where it can be re-derived and exact error feedback, and u' is
-  the new first moment, never masked (``check_adam_bucket``).
+  (1-b1)*g, v' = b2*v + (1-b2)*g^2 from this rank's own g, then e + clamp((u'*c1) / (sqrt(v'*c2) +
+  eps), bound) -- in the same float32 operations; correction_checks.check_bucket checks the
+  applied average, the selection where it can be re-derived and exact error feedback, and u' and
+  v' are the new moments, never masked (``check_adam_bucket``).
 """
 
 from __future__ import annotations
@@ -22,32 +22,20 @@ from correction_checks import check_bucket, check_skipped, selection_for, target
 F = np.float32
 
 
-def preconditioner(old: dict, path, dense_steps: int) -> np.ndarray:
-    """The frozen preconditioner 1 / (sqrt(v * c2) + eps): saved, or taken from v now (the first
-    sparse step), as the engine takes it."""
-    if old.get("preconditioner") is not None:
-        return old["preconditioner"]
-    v = old["second_moment"]
-    return F(1) / (np.sqrt(v * F(path.second_scale(dense_steps))) + F(path.eps))
-
-
-def accumulated(raw: np.ndarray, old: dict, path, step: int,
-                dense_steps: int) -> tuple[np.ndarray, np.ndarray]:
-    """(accumulated vector, new first moment) of a sparse step."""
-    g = raw.astype(F)
-    e = old["residual"]
-    u = old["momentum"] * F(path.beta1) + g * F(1 - path.beta1)
-    update = (u * F(path.first_scale(step + 1))) * preconditioner(old, path, dense_steps)
+def accumulated(raw: np.ndarray, old: dict, path, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(accumulated vector, new first moment, new second moment) of a sparse step."""
+    update, u, v = moments_update(raw.astype(F), old, path, step)
     bound = F(path.update_bound)
-    return e + np.clip(update, -bound, bound), u
+    return old["residual"] + np.clip(update, -bound, bound), u, v
 
 
-def dense_update(average: np.ndarray, old: dict | None, path, step: int) -> tuple[np.ndarray, ...]:
-    """(update, m', v') of a dense step from the average and the moments before it."""
-    m = np.zeros_like(average) if old is None or old.get("momentum") is None else old["momentum"]
-    v = np.zeros_like(average) if old is None or old.get("second_moment") is None else old["second_moment"]
-    square = average * average
-    m = m * F(path.beta1) + average * F(1 - path.beta1)
+def moments_update(g: np.ndarray, old: dict | None, path, step: int) -> tuple[np.ndarray, ...]:
+    """(update, m', v') of Adam's moments after ``g`` (the average on a dense step, the rank's own
+    gradient on a sparse one) from the moments before it."""
+    m = np.zeros_like(g) if old is None or old.get("momentum") is None else old["momentum"]
+    v = np.zeros_like(g) if old is None or old.get("second_moment") is None else old["second_moment"]
+    square = g * g
+    m = m * F(path.beta1) + g * F(1 - path.beta1)
     v = v * F(path.beta2) + square * F(1 - path.beta2)
     update = (m * F(path.first_scale(step + 1))) / (np.sqrt(v * F(path.second_scale(step + 1))) + F(path.eps))
     return update, m, v
@@ -58,12 +46,11 @@ def check_dense(rank: int, step: int, path, g: np.ndarray, applied: np.ndarray, 
     """A dense step: Adam of the average, m and v updated alike on every rank."""
     rows = allgather(g.astype(F), f"test.{where}.g")
     average = rows.sum(axis=0) / F(rows.shape[0])
-    update, m, v = dense_update(average, old, path, step)
+    update, m, v = moments_update(average, old, path, step)
     np.testing.assert_allclose(applied, update, rtol=2e-4, atol=1e-6, err_msg=f"{where}: dense update")
     np.testing.assert_allclose(new["momentum"], m, rtol=1e-5, atol=1e-9, err_msg=f"{where}: m")
     np.testing.assert_allclose(new["second_moment"], v, rtol=1e-5, atol=1e-12, err_msg=f"{where}: v")
     assert not np.any(new["residual"]), f"{where}: a dense step kept a residual"
-    assert new.get("preconditioner") is None, f"{where}: a preconditioner during the dense steps"
     del rank
 
 
@@ -78,20 +65,21 @@ def check_adam_bucket(rank: int, step: int, algorithm, kind: str | None, g: np.n
         check_dense(rank, step, path, g, applied, old, new, allgather, where)
         return True
     if finite:
-        acc, u_ref = accumulated(g, old, path, step, corrections.dense_steps)
+        acc, u_ref, v_ref = accumulated(g, old, path, step)
     else:
-        acc, u_ref = np.zeros_like(g), None
+        acc, u_ref, v_ref = np.zeros_like(g), None, None
     n = g.size
     rows = allgather(np.concatenate([acc, new["residual"], [float(finite)]]), f"test.{where}")
     accs, residuals, finites = rows[:, :n], rows[:, n:2 * n], rows[:, 2 * n] > 0
     density = target_density(algorithm.density, corrections.dense_steps, corrections.warmup_steps, step)
     selections = selection_for(kind, accs, density, step)
     check_bucket(rank, accs, residuals, finites, applied, algorithm.pattern, False, selections, where)
-    assert new.get("second_moment") is None and new.get("preconditioner") is not None, where
     if not finite:
         check_skipped(old, new, where)
+        np.testing.assert_array_equal(new["second_moment"], old["second_moment"], err_msg=f"{where}: v kept")
         return False
     np.testing.assert_array_equal(new["momentum"], u_ref, err_msg=f"{where}: first moment (never masked)")
+    np.testing.assert_array_equal(new["second_moment"], v_ref, err_msg=f"{where}: the rank's own v")
     return True
 
 
@@ -108,5 +96,5 @@ def by_tensor(buckets: dict) -> dict:
         for member, shape, lo, hi in zip(members, saved["shapes"], offsets[:-1], offsets[1:], strict=True):
             out[member] = {"shapes": [shape], "step": saved["step"], "control": None,
                            **{field: None if saved.get(field) is None else saved[field][lo:hi]
-                              for field in ("residual", "momentum", "second_moment", "preconditioner")}}
+                              for field in ("residual", "momentum", "second_moment")}}
     return out

@@ -7,7 +7,7 @@ MLP for ``STEPS`` steps with ``hvd_sparse.torch.optim.AdamW`` linked through ``o
 wrapped in ``hvd.DistributedOptimizer``. After every step, on every rank: the optimizer applied
 what ``decompress`` delivered as AdamW applies its own update, p <- p (1 - lr wd) - lr delivered, bit
 for bit; every bucket as adam_checks.py says (Adam of the average during the dense steps; exact
-error feedback on the preconditioned update afterwards); at the end identical parameters
+error feedback on the rank's own Adam update afterwards); at the end identical parameters
 (``CHECKED torch/<config> rank=<r>``). Then:
 
 * ``resume``: a run checkpointed (torch.save: model, optimizer, compressor) after 4 of 8 steps and

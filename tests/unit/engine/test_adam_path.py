@@ -2,8 +2,8 @@
 
 Every check runs every registered method on N simulated ranks (NumPy backend) and compares with
 the path's definition computed here from each rank's own vectors: Adam of the average during the
-dense steps; afterwards the rank's own first moment, the second moment frozen, and error feedback
-on the preconditioned update, exact."""
+dense steps; afterwards the rank's own first and second moments, and error feedback on the
+clamped Adam update, exact."""
 
 from __future__ import annotations
 
@@ -30,8 +30,10 @@ def precondition(u, v, c1, c2, eps):
     return (u * F(c1)) / (np.sqrt(v * F(c2)) + F(eps))
 
 
-def sparse_step(u, inverse, c1):
-    return np.clip((u * F(c1)) * inverse, -F(PATH.update_bound), F(PATH.update_bound))
+def sparse_step(u, v, t):
+    """The clamped Adam update of the moments after update t."""
+    update = precondition(u, v, PATH.first_scale(t), PATH.second_scale(t), PATH.eps)
+    return np.clip(update, -F(PATH.update_bound), F(PATH.update_bound))
 
 
 def adam_method(name, dense=2, density=0.05, **options):
@@ -66,31 +68,27 @@ def test_dense_steps_hand_out_adam_of_the_average_on_every_rank(name):
 
 
 @pytest.mark.parametrize("name", [cls.name for cls in METHODS])
-def test_sparse_steps_feed_back_the_preconditioned_update_exactly(name):
-    """After the dense steps, per rank and bucket: u' = b1 u + (1-b1) g from the rank's own g; v
-    as the dense steps left it; the accumulated vector is e + u' c1 / (sqrt(v c2) + eps); what
+def test_sparse_steps_feed_back_the_clamped_update_exactly(name):
+    """After the dense steps, per rank and bucket: u' = b1 u + (1-b1) g and v' = b2 v + (1-b2) g^2
+    from the rank's own g; the accumulated vector is e + clamp(u' c1 / (sqrt(v' c2) + eps)); what
     left is exactly that where the residual was cleared, u' is never masked, and the average is
     the sum of what left over N, the same on every rank."""
     size, dense = 3, 2
-    frozen = {}
 
     def check(step, engines, before, outputs):
         for bucket, (_, tensors, outs) in outputs.items():
-            if step == dense - 1 and not engines[0].buckets[bucket].dense:
-                v = engines[0].buckets[bucket].second_moment
-                frozen[bucket] = F(1) / (np.sqrt(v * F(PATH.second_scale(dense))) + F(PATH.eps))
             if step < dense or engines[0].buckets[bucket].dense:
                 continue
             total = np.zeros(sum(t.size for t in tensors[0]), F)
             for r, e in enumerate(engines):
-                e_old, u_old = before[r][bucket]
+                e_old, u_old, v_old = before[r][bucket]
                 g = flat(tensors[r])
                 u_new = u_old * F(PATH.beta1) + g * F(1 - PATH.beta1)
-                acc = e_old + sparse_step(u_new, frozen[bucket], PATH.first_scale(step + 1))
+                v_new = v_old * F(PATH.beta2) + (g * g) * F(1 - PATH.beta2)
+                acc = e_old + sparse_step(u_new, v_new, step + 1)
                 bucket_state = e.buckets[bucket]
                 np.testing.assert_array_equal(bucket_state.momentum, u_new)
-                np.testing.assert_array_equal(bucket_state.preconditioner, frozen[bucket])
-                assert bucket_state.second_moment is None
+                np.testing.assert_array_equal(bucket_state.second_moment, v_new)
                 residual = bucket_state.residual
                 sent = residual != acc
                 assert sent.any() or not acc.all()   # a clipped update may cancel to an exact 0
@@ -184,7 +182,7 @@ def test_resume_is_bitwise(cut):
 
 
 def test_another_world_size_keeps_the_moments():
-    """Residuals restart at another world size; v (the same on every rank) and m carry over."""
+    """Residuals restart at another world size; the saved rank's m and v carry over."""
     algorithm = adam_method("topk", dense=2, scope="model")
     engines = _engines(algorithm, 2)
     _steps(engines, LocalGroup(2, NP), np.random.default_rng(1), 3)
@@ -194,10 +192,15 @@ def test_another_world_size_keeps_the_moments():
         warnings.simplefilter("ignore")
         for e in wider:
             e.load_state_dict(copy.deepcopy(state))
-    _steps(wider, LocalGroup(3, NP), np.random.default_rng(2), 1)
-    bucket = wider[2].buckets["model"]
-    np.testing.assert_array_equal(bucket.preconditioner, state["buckets"]["model"]["preconditioner"])
+    grads = grads_for(np.random.default_rng(2), 3, 0)
+    LocalGroup(3, NP).run([e.step("model", grads[r]) for r, e in enumerate(wider)])
+    bucket, saved = wider[2].buckets["model"], state["buckets"]["model"]
     assert bucket.step == 4
+    g = flat(grads[2])
+    np.testing.assert_array_equal(bucket.second_moment,
+                                  saved["second_moment"] * F(PATH.beta2) + (g * g) * F(1 - PATH.beta2))
+    np.testing.assert_array_equal(bucket.momentum,
+                                  saved["momentum"] * F(PATH.beta1) + g * F(1 - PATH.beta1))
 
 
 def test_elastic_adoption_takes_the_dense_steps_moments_from_the_agreed_rank():
@@ -219,7 +222,7 @@ def test_elastic_adoption_takes_the_dense_steps_moments_from_the_agreed_rank():
         LocalGroup(2, NP).run([e.step("model", grads[r], check_layout=False) for r, e in enumerate(pair)])
     later = engines[0].agreed_state()
     assert later["buckets"]["model"]["agreed_momentum"] is None
-    assert later["buckets"]["model"]["preconditioner"] is not None
+    assert later["buckets"]["model"]["second_moment"] is not None   # a sound start for any process
 
 
 def test_nonfinite_skip_leaves_the_moments_and_residual():
@@ -228,13 +231,13 @@ def test_nonfinite_skip_leaves_the_moments_and_residual():
     group, rng = LocalGroup(2, NP), np.random.default_rng(6)
     _steps(engines, group, rng, 2)
     bucket = engines[1].buckets["model"]
-    kept = bucket.residual.copy(), bucket.momentum.copy(), bucket.preconditioner.copy()
+    kept = bucket.residual.copy(), bucket.momentum.copy(), bucket.second_moment.copy()
     grads = grads_for(rng, 2, 2)
     grads[1][0][0, 0] = np.nan
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         group.run([e.step("model", grads[r]) for r, e in enumerate(engines)])
-    for field, value in zip(("residual", "momentum", "preconditioner"), kept, strict=True):
+    for field, value in zip(("residual", "momentum", "second_moment"), kept, strict=True):
         np.testing.assert_array_equal(getattr(engines[1].buckets["model"], field), value)
 
 
@@ -256,11 +259,30 @@ def test_take_back_of_a_dense_step_restores_the_moments():
     assert engines[0].buckets["p0"].step == 1
 
 
-def test_checkpoints_carry_the_second_moment_then_its_preconditioner():
-    engines = run(adam_method("micro", dense=2), 2, 2)
-    saved = engines[0].state_dict()["buckets"]["model"]
-    assert saved["second_moment"].shape == (sum(SIZES),) and saved["preconditioner"] is None
-    assert saved["momentum"] is not None and len(SHAPES) == len(saved["shapes"])
-    engines = run(adam_method("micro", dense=2), 2, 3)
-    saved = engines[0].state_dict()["buckets"]["model"]
-    assert saved["second_moment"] is None and saved["preconditioner"].shape == (sum(SIZES),)
+def test_checkpoints_carry_both_moments():
+    for steps in (2, 3):   # at the end of the dense steps, and after the first sparse one
+        engines = run(adam_method("micro", dense=2), 2, steps)
+        saved = engines[0].state_dict()["buckets"]["model"]
+        assert saved["second_moment"].shape == (sum(SIZES),) and "preconditioner" not in saved
+        assert saved["momentum"] is not None and len(SHAPES) == len(saved["shapes"])
+
+
+def test_a_file_of_the_frozen_second_moment_resumes_with_its_v():
+    """Files saved when the path froze v after the dense steps hold its preconditioner
+    p = 1 / (sqrt(v c2) + eps) instead of v: loading one recovers v."""
+    algorithm = adam_method("micro", dense=2)
+    engines = run(algorithm, 2, 3)
+    fresh, kept = _engines(algorithm, 2), []
+    for old, new in zip(engines, fresh, strict=True):
+        state = copy.deepcopy(old.state_dict())
+        v = state["buckets"]["model"].pop("second_moment")
+        kept.append(v)
+        inverse = F(1) / (np.sqrt(v * F(PATH.second_scale(2))) + F(PATH.eps))
+        state["buckets"]["model"]["preconditioner"] = inverse
+        new.load_state_dict(state)
+    grads = grads_for(np.random.default_rng(1), 2, 3)
+    LocalGroup(2, NP).run([e.step("model", grads[r]) for r, e in enumerate(fresh)])
+    for r, e in enumerate(fresh):
+        g = flat(grads[r])
+        expected = kept[r] * F(PATH.beta2) + (g * g) * F(1 - PATH.beta2)
+        np.testing.assert_allclose(e.buckets["model"].second_moment, expected, rtol=1e-3, atol=1e-12)

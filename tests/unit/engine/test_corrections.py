@@ -41,7 +41,7 @@ def grads_for(rng, size, step):
 def run(algorithm, size, steps, seed=0, check=None, nonfinite="skip"):
     """``steps`` steps of ``algorithm`` on ``size`` ranks, one bucket per ``plan``; calls
     ``check(step, engines, before, grads, outputs)`` after each step, where ``before`` holds each
-    rank's (residual, momentum) per bucket before the step."""
+    rank's (residual, momentum, second moment) per bucket before the step."""
     rng = np.random.default_rng(seed)
     engines = [Engine(copy.deepcopy(algorithm), NP, r, size, nonfinite=nonfinite) for r in range(size)]
     group = LocalGroup(size, NP)
@@ -50,8 +50,8 @@ def run(algorithm, size, steps, seed=0, check=None, nonfinite="skip"):
     for step in range(steps):
         grads = grads_for(rng, size, step)
         outputs = {}
-        before = [{bk: (_copy(e, bk, "residual"), _copy(e, bk, "momentum")) for bk, _ in plan}
-                  for e in engines]
+        before = [{bk: tuple(_copy(e, bk, field) for field in ("residual", "momentum", "second_moment"))
+                   for bk, _ in plan} for e in engines]
         for bucket, members in plan:
             tensors = [[grads[r][keys.index(m)].copy() for m in members] for r in range(size)]
             outs = group.run([e.step(bucket, tensors[r]) for r, e in enumerate(engines)])
@@ -86,7 +86,7 @@ def test_momentum_correction_is_exact_for_every_method(name, nesterov):
         for bucket, (_, tensors, outs) in outputs.items():
             total = np.zeros(sum(t.size for t in tensors[0]), np.float32)
             for r, e in enumerate(engines):
-                e_old, u_old = before[r][bucket]
+                e_old, u_old, _ = before[r][bucket]
                 g = flat(tensors[r])
                 e_old = np.zeros_like(g) if e_old is None else e_old
                 u_old = np.zeros_like(g) if u_old is None else u_old

@@ -1,6 +1,6 @@
 """The Adam path's kernels against the reference path bit for bit: the fused accumulate-and-select
-(``adam_accumulate_select``, hvd_sparse/kernels/cpu/accumulate.cpp: residual, first moment u, indices, probe
-counts, finite verdict, inputs), the accumulation alone (``adam_accumulate``) and the dense steps'
+(``adam_accumulate_select``, hvd_sparse/kernels/cpu/accumulate.cpp: residual, moments u and v, indices,
+probe counts, finite verdict, inputs), the accumulation alone (``adam_accumulate``) and the dense steps'
 update (``adam_update``, hvd_sparse/kernels/cpu/adam.cpp); and every method on the Adam path through the
 engine with kernels on and off: identical outputs, residuals, moments, control state and
 statistics. (The Triton versions: triton_cases.py.)"""
@@ -16,7 +16,7 @@ import torch
 
 from hvd_sparse.algorithms import METHODS, AdamPath
 from hvd_sparse.backends import get_backend
-from hvd_sparse.backends.base import Momentum, Preconditioner
+from hvd_sparse.backends.base import Momentum, SecondMoment
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from tests.unit.kernels.test_cpu import cpu_ops, gradients, kinds, needs_kernels, same
@@ -24,7 +24,7 @@ from tests.unit.kernels.test_momentum import clones, start
 from tests.unit.kernels.test_topk import reference
 
 TB = get_backend("torch")
-B1, C1, C2, EPS, BOUND = 0.9, 1.0526315789473684, 3.7, 1e-8, 300.0
+B1, B2, C1, C2, EPS, BOUND = 0.9, 0.999, 1.0526315789473684, 3.7, 1e-8, 300.0
 
 
 def second_moment(n, dtype, seed):
@@ -35,38 +35,37 @@ def second_moment(n, dtype, seed):
     return v.to(dtype)
 
 
-def inverse_of(n, dtype, seed):
-    """A frozen preconditioner 1 / (sqrt(v c2) + eps) of ``second_moment``."""
-    v = second_moment(n, dtype, seed)
-    return reference(TB.precondition, torch.ones_like(v), v, 1.0, C2, EPS)
+def moment(v):
+    """The sparse steps' second moment around ``v`` (updated in place by the ops)."""
+    return SecondMoment(v, B2, C1, C2, EPS, BOUND)
 
 
 def reference_op(residual, u, v, tensors, lo, hi, threshold, probes, every, clear, check):
-    """(finite, residual, u, idx, counts) of ``Backend.accumulate_select`` on the Adam path,
-    kernels off, on copies (``v``: the preconditioner)."""
-    momentum = Momentum(u.clone(), B1, preconditioner=Preconditioner(v, C1, BOUND))
+    """(finite, residual, u, v, idx, counts) of ``Backend.accumulate_select`` on the Adam path,
+    kernels off, on copies."""
+    momentum = Momentum(u.clone(), B1, second=moment(v.clone()))
     acc, idx, counts, finite = reference(TB.accumulate_select, residual.clone(), tensors, lo, hi, threshold,
                                          probes, every, "int64", clear, check, momentum)
-    return finite, acc, momentum.buffer, idx, counts
+    return finite, acc, momentum.buffer, momentum.second.buffer, idx, counts
 
 
 def check_op(ops, residual, u, v, inputs, lo, hi, threshold, probes, every, clear, check, index_dtype, where):
     want_inputs, got_inputs = clones(inputs), clones(inputs)
-    finite, acc, velocity, idx, counts = reference_op(residual, u, v, want_inputs, lo, hi, threshold, probes,
-                                                      every, clear, check)
-    got_residual, got_u = residual.clone(), u.clone()
-    done = ops.adam_accumulate_select(got_residual, got_u, v, got_inputs, B1, C1, BOUND, lo, hi, threshold,
+    finite, acc, velocity, second, idx, counts = reference_op(residual, u, v, want_inputs, lo, hi, threshold,
+                                                              probes, every, clear, check)
+    got_residual, got_u, got_v = residual.clone(), u.clone(), v.clone()
+    done = ops.adam_accumulate_select(got_residual, got_u, got_inputs, B1, moment(got_v), lo, hi, threshold,
                                       probes, every, index_dtype, clear, check)
     assert done is not None, where
     _, got_idx, got_counts, got_finite = done
     assert got_finite is finite, where
-    assert same(got_residual, acc) and same(got_u, velocity), where
+    assert same(got_residual, acc) and same(got_u, velocity) and same(got_v, second), where
     if finite:
         assert got_idx.dtype == index_dtype and torch.equal(got_idx.long(), idx), where
         assert got_counts == counts, where
     else:
         assert got_idx is None and got_counts == [], where
-        assert same(got_residual, residual) and same(got_u, u), where
+        assert same(got_residual, residual) and same(got_u, u) and same(got_v, v), where
     for a, b in zip(got_inputs, want_inputs, strict=True):
         assert a.stride() == b.stride() and same(a, b), where
 
@@ -78,7 +77,7 @@ def check_op(ops, residual, u, v, inputs, lo, hi, threshold, probes, every, clea
 def test_fused_adam_accumulation_matches_the_reference(residual_dtype, inputs, check):
     ops = cpu_ops()
     n = 20_000
-    v = inverse_of(n, residual_dtype, 3)
+    v = second_moment(n, residual_dtype, 3)
     for name, x in kinds(n, 21).items():
         if inputs == "same":
             tensors = [x[:7000].to(residual_dtype), x[7000:17000].to(residual_dtype).view(100, 100).t(),
@@ -102,15 +101,16 @@ def test_fused_adam_accumulation_matches_the_reference(residual_dtype, inputs, c
 def test_accumulation_alone_and_the_dense_update_match_the_reference(residual_dtype):
     ops = cpu_ops()
     n = 12_345
-    p, v = inverse_of(n, residual_dtype, 4), second_moment(n, residual_dtype, 4)
+    v = second_moment(n, residual_dtype, 4)
     for name, x in kinds(n, 23).items():
         tensors = [x[:345].half(), x[345:].to(residual_dtype)]
         residual, u = start(n, residual_dtype, 24)
-        momentum = Momentum(u.clone(), B1, preconditioner=Preconditioner(p, C1, BOUND))
+        momentum = Momentum(u.clone(), B1, second=moment(v.clone()))
         want = reference(TB.accumulate, residual.clone(), clones(tensors), False, momentum)
-        got_residual, got_u = residual.clone(), u.clone()
-        done = ops.adam_accumulate(got_residual, got_u, p, clones(tensors), B1, C1, BOUND)
+        got_residual, got_u, got_v = residual.clone(), u.clone(), v.clone()
+        done = ops.adam_accumulate(got_residual, got_u, clones(tensors), B1, moment(got_v))
         assert done is not None and same(done.acc, want) and same(got_u, momentum.buffer), name
+        assert same(got_v, momentum.second.buffer), name
         average = x.to(residual_dtype)
         first, second = u.clone(), v.clone()
         want = reference(TB.adam_update, average.clone(), first.clone(), second.clone(), B1, 0.999, C1, C2,
@@ -127,7 +127,7 @@ def test_a_non_finite_input_leaves_everything_untouched(where):
     tensor, index = (0, 0) if where == "first entry" else (1, 69_999)
     inputs[tensor][index] = float("nan")
     residual, u = start(73_000, torch.float32, 25, signed_zeros=True)
-    check_op(ops, residual, u, inverse_of(73_000, torch.float32, 5), inputs, 1000, 60_000, 10.0,
+    check_op(ops, residual, u, second_moment(73_000, torch.float32, 5), inputs, 1000, 60_000, 10.0,
              [5.0], 1, True, True, torch.int32, where)
 
 
@@ -135,12 +135,12 @@ def test_a_non_finite_input_leaves_everything_untouched(where):
 def test_the_kernels_decline_what_they_do_not_handle():
     ops = cpu_ops()
     e, u, v, g = torch.zeros(8), torch.zeros(8), torch.ones(8), [torch.ones(8)]
-    args = (B1, C1, BOUND, 0, 8, 0.5, [], 1, torch.int64, False, True)
-    assert ops.adam_accumulate_select(e, u, v, g, *args).finite is True
-    assert ops.adam_accumulate_select(e, u, v.double(), g, *args) is None      # v of another dtype
-    assert ops.adam_accumulate_select(e, u, torch.ones(9), g, *args) is None   # v of another size
-    assert ops.adam_accumulate_select(e, u, torch.ones(16)[::2], g, *args) is None
-    assert ops.adam_accumulate_select(e.half(), u.half(), v.half(), g, *args) is None
+    args = (0, 8, 0.5, [], 1, torch.int64, False, True)
+    assert ops.adam_accumulate_select(e, u, g, B1, moment(v), *args).finite is True
+    assert ops.adam_accumulate_select(e, u, g, B1, moment(v.double()), *args) is None     # another dtype
+    assert ops.adam_accumulate_select(e, u, g, B1, moment(torch.ones(9)), *args) is None  # another size
+    assert ops.adam_accumulate_select(e, u, g, B1, moment(torch.ones(16)[::2]), *args) is None
+    assert ops.adam_accumulate_select(e.half(), u.half(), g, B1, moment(v.half()), *args) is None
     assert ops.adam_update(e, u, v.double(), B1, 0.999, C1, C2, EPS) is None
     assert ops.adam_update(e.half(), u.half(), v.half(), B1, 0.999, C1, C2, EPS) is None
 
@@ -198,17 +198,16 @@ def test_the_reference_path_computes_the_definition():
     e, u, g = (rng.standard_normal(1000).astype(np.float32) for _ in range(3))
     v = (rng.standard_normal(1000) ** 2 * 1e-4).astype(np.float32)
     f = np.float32
-    inverse = f(1) / (np.sqrt(v * f(C2)) + f(EPS))
-    ones = torch.ones(1000)
-    np.testing.assert_array_equal(TB.precondition(ones, torch.from_numpy(v), 1.0, C2, EPS).numpy(), inverse)
     u_new = u * f(B1) + g * f(1 - B1)
-    acc = e + np.clip((u_new * f(C1)) * inverse, -f(BOUND), f(BOUND))
-    assert np.any(np.abs((u_new * f(C1)) * inverse) > BOUND)   # the bound bites
-    momentum = Momentum(torch.from_numpy(u.copy()), B1,
-                        preconditioner=Preconditioner(torch.from_numpy(inverse), C1, BOUND))
+    v_new = v * f(B2) + (g * g) * f(1 - B2)
+    update = (u_new * f(C1)) / (np.sqrt(v_new * f(C2)) + f(EPS))
+    acc = e + np.clip(update, -f(BOUND), f(BOUND))
+    assert np.any(np.abs(update) > BOUND)   # the bound bites
+    momentum = Momentum(torch.from_numpy(u.copy()), B1, second=moment(torch.from_numpy(v.copy())))
     got, idx, _, finite = TB.accumulate_select(torch.from_numpy(e.copy()), [torch.from_numpy(g.copy())], 100,
                                                900, 1.0, momentum=momentum, check_finite=True)
     assert finite
     np.testing.assert_array_equal(got.numpy(), acc)
     np.testing.assert_array_equal(momentum.buffer.numpy(), u_new)
+    np.testing.assert_array_equal(momentum.second.buffer.numpy(), v_new)
     np.testing.assert_array_equal(idx.numpy(), np.flatnonzero(np.abs(acc[100:900]) >= 1.0) + 100)

@@ -80,19 +80,19 @@ if HAS_TRITON and not INTERPRETED:
             ("accumulate", "_accumulate_kernel",
              dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=torch.int64,
                   counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype,
-                  inverse_ptr=residual_dtype),
+                  second_ptr=residual_dtype),
              dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r,
                   MOMENTUM=False, NESTEROV=False, ADAM=False, **block)),
             ("accumulate", "_accumulate_kernel",
              dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=residual_dtype,
                   counts_ptr=residual_dtype, probe_ptr=residual_dtype, momentum_ptr=residual_dtype,
-                  inverse_ptr=residual_dtype),
+                  second_ptr=residual_dtype),
              dict(SELECT=False, NUM_PROBES=0, GATED=False, CLEAR=False, WIDE=wide, NAN_KEY=r,
                   MOMENTUM=False, NESTEROV=False, ADAM=False, **block)),
             *[("accumulate", "_accumulate_kernel",
                dict(residual_ptr=residual_dtype, input_ptr=input_dtype, skip_ptr=torch.int64,
                     counts_ptr=torch.int32, probe_ptr=torch.int64, momentum_ptr=residual_dtype,
-                    inverse_ptr=residual_dtype),
+                    second_ptr=residual_dtype),
                dict(SELECT=True, NUM_PROBES=2, GATED=True, CLEAR=True, WIDE=wide, NAN_KEY=r,
                     MOMENTUM=True, NESTEROV=nesterov, ADAM=adam, **block))
               for nesterov, adam in ((False, False), (True, False), (False, True))],
@@ -153,7 +153,7 @@ if HAS_TRITON and not INTERPRETED:
                 # u·m + g stays a multiply and an add, each rounded; the square root and the
                 # division of the dense update are the IEEE ones
                 assert "fma" not in compiled.asm["ptx"], name
-            if name == "_adam_update_kernel" and residual_dtype == torch.float32:
+            if (name == "_adam_update_kernel" or constexprs.get("ADAM")) and residual_dtype == torch.float32:
                 ptx = compiled.asm["ptx"]
                 assert "sqrt.rn.f32" in ptx and "div.rn.f32" in ptx and "approx" not in ptx, name
 
@@ -214,12 +214,13 @@ if HAS_TRITON and not INTERPRETED and torch.cuda.is_available():
         for check in (False, True):
             assert syncs(lambda check=check: kt.momentum_accumulate_select(
                 residual, velocity, grads, 0.9, False, *select, check)) == 1
-        inverse = torch.ones(100_000, device="cuda")
-        assert syncs(lambda: kt.adam_accumulate(residual, velocity, inverse, grads, 0.9, 1.0, 3.0)) == 0
+        from hvd_sparse.backends.base import SecondMoment
+        second = SecondMoment(torch.ones(100_000, device="cuda"), 0.999, 1.0, 1.0, 1e-8, 3.0)
+        assert syncs(lambda: kt.adam_accumulate(residual, velocity, grads, 0.9, second)) == 0
         for check in (False, True):
             assert syncs(lambda check=check: kt.adam_accumulate_select(
-                residual, velocity, inverse, grads, 0.9, 1.0, 3.0, *select, check)) == 1
-        assert syncs(lambda: kt.adam_update(x, velocity, inverse, 0.9, 0.999, 1.0, 1.0, 1e-8)) == 0
+                residual, velocity, grads, 0.9, second, *select, check)) == 1
+        assert syncs(lambda: kt.adam_update(x, velocity, second.buffer, 0.9, 0.999, 1.0, 1.0, 1e-8)) == 0
 
 if HAS_TRITON and not INTERPRETED and not torch.cuda.is_available():
     # About a minute on two free cores; the limits leave room for a machine shared with other jobs.

@@ -423,38 +423,45 @@ def test_momentum_at_default_block_size(monkeypatch):
 
 
 # --- the Adam path in the accumulating pass, and its dense update --------------------------------------
-def reference_adam_select(residual, velocity, inverse, tensors, lo, hi, threshold, probes, every, index_dtype,
+def adam_moment(v):
+    """The sparse steps' second moment around ``v`` (updated in place by the ops)."""
+    from hvd_sparse.backends.base import SecondMoment
+    return SecondMoment(v, 0.999, 1.25, 3.0, 1e-8, 300.0)
+
+
+def reference_adam_select(residual, velocity, second, tensors, lo, hi, threshold, probes, every, index_dtype,
                           clear_inputs, check_finite):
-    """(finite, a, u, idx, counts) of the reference accumulate_select on the Adam path (copies)."""
-    from hvd_sparse.backends.base import Momentum, Preconditioner
-    momentum = Momentum(velocity.clone(), 0.9, preconditioner=Preconditioner(inverse, 1.25, 300.0))
+    """(finite, a, u, v, idx, counts, inputs) of the reference accumulate_select on the Adam path
+    (copies)."""
+    from hvd_sparse.backends.base import Momentum
+    momentum = Momentum(velocity.clone(), 0.9, second=adam_moment(second.clone()))
     inputs = clones(tensors)
     a, idx, _, finite = REF.accumulate_select(residual.clone(), inputs, lo, hi, threshold, [], 1, "int64",
                                               clear_inputs, check_finite, momentum)
     if not finite:
-        return False, a, momentum.buffer, None, None, inputs
+        return False, a, momentum.buffer, momentum.second.buffer, None, None, inputs
     magnitude = REF.abs(a[lo:hi])
     counts = REF.count_at_least(magnitude, probes, every) if hi > lo else [0.0] * len(probes)
-    return True, a, momentum.buffer, idx.to(index_dtype), counts, inputs
+    return True, a, momentum.buffer, momentum.second.buffer, idx.to(index_dtype), counts, inputs
 
 
-def preconditioner_for(residual, seed):
-    """1 / (sqrt(v c2) + eps) of a positive v with zeros, as the engine takes it."""
+def second_moment_for(residual, seed):
+    """A positive v with zeros (where eps alone divides)."""
     v = residual_for([residual], residual.dtype, seed) ** 2 * 1e-4
     v[::7] = 0.0
-    return REF.precondition(torch.ones_like(v), v, 1.0, 3.0, 1e-8)
+    return v
 
 
 @pytest.mark.parametrize("kind, span, check_finite", MOMENTUM_CASES)
 @pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
 def test_adam_accumulate_select(kind, span, check_finite, residual_dtype):
-    """The residual, Adam's first moment u, the indices, the probe counts and the inputs bit for
+    """The residual, Adam's moments u and v, the indices, the probe counts and the inputs bit for
     bit; nothing written when an input is not finite and the check is on."""
     tensors = bucket(kind, 60)
     residual = residual_for(tensors, residual_dtype, 61)
     velocity = residual_for(tensors, residual_dtype, 62)
     velocity[::3] = -0.0
-    inverse = preconditioner_for(residual, 63)
+    second = second_moment_for(residual, 63)
     n = residual.numel()
     lo, hi = RANGES[span]
     hi = n if hi is None else hi
@@ -462,16 +469,16 @@ def test_adam_accumulate_select(kind, span, check_finite, residual_dtype):
     clear_inputs = span != "inner"
     threshold = 30.0
     probes = [threshold / 2, threshold * 2]
-    finite, expected, expected_u, expected_idx, expected_counts, expected_inputs = reference_adam_select(
-        residual, velocity, inverse, tensors, lo, hi, threshold, probes, 1, index_dtype, clear_inputs,
-        check_finite)
+    finite, expected, expected_u, expected_v, expected_idx, expected_counts, expected_inputs = (
+        reference_adam_select(residual, velocity, second, tensors, lo, hi, threshold, probes, 1, index_dtype,
+                              clear_inputs, check_finite))
     inputs = clones(tensors)
-    got_u = velocity.clone()
+    got_u, got_v = velocity.clone(), second.clone()
     _, idx, counts, got_finite = kt.adam_accumulate_select(
-        residual, got_u, inverse, inputs, 0.9, 1.25, 300.0, lo, hi, threshold, probes, 1, index_dtype,
+        residual, got_u, inputs, 0.9, adam_moment(got_v), lo, hi, threshold, probes, 1, index_dtype,
         clear_inputs, check_finite)
     assert got_finite is finite is (not check_finite or kind != "nonfinite")
-    assert same_bits(residual, expected) and same_bits(got_u, expected_u)
+    assert same_bits(residual, expected) and same_bits(got_u, expected_u) and same_bits(got_v, expected_v)
     if finite:
         assert idx.dtype == index_dtype and torch.equal(idx, expected_idx)
         assert counts == expected_counts
@@ -485,16 +492,17 @@ def test_adam_accumulate_select(kind, span, check_finite, residual_dtype):
 def test_adam_accumulate_and_the_dense_update(residual_dtype):
     """The accumulation alone, and the dense steps' update whose square root and division are
     the correctly rounded ones (``sqrt_rn``, ``div_rn``), bit for bit."""
-    from hvd_sparse.backends.base import Momentum, Preconditioner
+    from hvd_sparse.backends.base import Momentum
     tensors = bucket("heavy", 64)
     residual = residual_for(tensors, residual_dtype, 65)
     velocity = residual_for(tensors, residual_dtype, 66)
-    inverse = preconditioner_for(residual, 67)
-    momentum = Momentum(velocity.clone(), 0.9, preconditioner=Preconditioner(inverse, 1.25, 300.0))
+    second = second_moment_for(residual, 67)
+    momentum = Momentum(velocity.clone(), 0.9, second=adam_moment(second.clone()))
     expected = REF.accumulate(residual.clone(), clones(tensors), False, momentum)
-    assert kt.adam_accumulate(residual, velocity, inverse, clones(tensors), 0.9, 1.25, 300.0) == (residual,
+    assert kt.adam_accumulate(residual, velocity, clones(tensors), 0.9, adam_moment(second)) == (residual,
                                                                                                  velocity)
     assert same_bits(residual, expected) and same_bits(velocity, momentum.buffer)
+    assert same_bits(second, momentum.second.buffer)
     for kind in ("random", "heavy", "zero"):
         average = residual_for(bucket(kind, 68), residual_dtype, 69) * 1e-2
         first = residual_for([average], residual_dtype, 70) * 1e-3
@@ -506,11 +514,11 @@ def test_adam_accumulate_and_the_dense_update(residual_dtype):
 
 def test_adam_declines_what_it_does_not_handle():
     g = [values("random", 10, torch.float32, 72)]
-    e, u, p = (torch.zeros(10, device=DEVICE) for _ in range(3))
-    args = (0.9, 1.0, 3.0, 0, 10, 1.0, [], 1, torch.int64, False, True)
-    assert kt.adam_accumulate_select(e, u, p.double(), g, *args) is None
-    assert kt.adam_accumulate_select(e, u, torch.zeros(11, device=DEVICE), g, *args) is None
-    assert kt.adam_update(e, u, p.half(), 0.9, 0.999, 1.0, 1.0, 1e-8) is None
+    e, u, v = (torch.zeros(10, device=DEVICE) for _ in range(3))
+    args = (0, 10, 1.0, [], 1, torch.int64, False, True)
+    assert kt.adam_accumulate_select(e, u, g, 0.9, adam_moment(v.double()), *args) is None
+    assert kt.adam_accumulate_select(e, u, g, 0.9, adam_moment(torch.zeros(11, device=DEVICE)), *args) is None
+    assert kt.adam_update(e, u, v.half(), 0.9, 0.999, 1.0, 1.0, 1e-8) is None
 
 
 def test_momentum_declines_what_it_does_not_handle():
