@@ -40,6 +40,15 @@ targets of such a run judge:
 
     python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on off \
         --methods exdyna micro --momentum 0.9 --no-tensorflow --out-dir bench/select-momentum
+
+With ``--adam`` every method runs on the Adam path (algorithms/corrections.py ``AdamPath``, one
+dense step, then its sparse steps): the accumulation reads the gradient, both of Adam's moments
+and the residual and writes all but the gradient. Its floor, timed beside the other before every
+step, is that pass alone (the one-pass kernel, ``adam_accumulate``), reported as
+``over_momentum_floor`` as the momentum correction's is:
+
+    python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on off \
+        --methods exdyna micro --adam --no-tensorflow --out-dir bench/select-adam
 """
 
 from __future__ import annotations
@@ -58,7 +67,9 @@ import torch
 from results import output_dir, pyplot, save
 
 import hvd_sparse
+from hvd_sparse.algorithms import AdamPath
 from hvd_sparse.backends import get_backend
+from hvd_sparse.backends.base import SecondMoment
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 
@@ -96,31 +107,47 @@ class MomentumFloor:
     """The floor of the momentum correction's accumulation: one pass over n floats that reads u, g
     and e and writes u and e (``u = m·u + g; e += u``), timed once per call. The one-pass kernel
     of the device is called directly (hvd_sparse/kernels/cpu/momentum.cpp, or the Triton accumulation), in
-    any kernel mode; where it cannot load, torch's three ops stand in (``kind`` says which)."""
+    any kernel mode; where it cannot load, torch's three ops stand in (``kind`` says which).
+    ``adam``: the Adam path's accumulation instead, which reads v too and writes it (its one-pass
+    kernel ``adam_accumulate``, hvd_sparse/kernels/cpu/accumulate.cpp; the reference ops stand in)."""
 
-    def __init__(self, n: int, device: str, factor: float = 0.9, nesterov: bool = False):
+    def __init__(self, n: int, device: str, factor: float = 0.9, nesterov: bool = False, adam: bool = False):
         self.g, self.u, self.e = (torch.randn(n, device=device) * 1e-3 for _ in range(3))
-        self.device, self.factor, self.nesterov = device, factor, nesterov
-        self.kernel, self.kind = None, "torch's u.mul_(m).add_(g) and e.add_(u): three passes, not one"
+        self.device, self.factor, self.nesterov, self.adam = device, factor, nesterov, adam
+        self.second = SecondMoment(torch.rand(n, device=device) * 1e-6, 0.999, 1.0, 1.0, 1e-8, 3.16)
+        self.kernel, self.kind = None, "torch's ops, several passes, not one"
         try:
             if device == "cuda":
-                from hvd_sparse.kernels.triton import momentum_accumulate
+                from hvd_sparse.kernels import triton as kernels
                 self.kind = "the Triton kernel, hvd_sparse/kernels/triton/accumulate.py"
             else:
-                from hvd_sparse.kernels.cpu import momentum_accumulate
-                self.kind = "the native kernel, hvd_sparse/kernels/cpu/momentum.cpp"
-            self.kernel = momentum_accumulate
+                from hvd_sparse.kernels import cpu as kernels
+                self.kind = ("the native kernel, hvd_sparse/kernels/cpu/"
+                             + ("accumulate.cpp" if adam else "momentum.cpp"))
+            self.kernel = kernels.adam_accumulate if adam else kernels.momentum_accumulate
         except (ImportError, OSError, RuntimeError) as error:   # KernelUnavailable is a RuntimeError
             print(f"momentum floor: the one-pass kernel cannot load ({error}); {self.kind}", flush=True)
 
     def seconds(self) -> float:
         sync(self.device)
         started = time.perf_counter()
-        if self.kernel is None or not self.kernel(self.e, self.u, [self.g], self.factor, self.nesterov):
-            self.u.mul_(self.factor).add_(self.g)
-            self.e.add_(self.u)
+        last = self.adam and self.kernel is not None and self.kernel(self.e, self.u, [self.g], self.factor,
+                                                                     self.second)
+        if not self.adam and self.kernel is not None:
+            last = self.kernel(self.e, self.u, [self.g], self.factor, self.nesterov)
+        if not last:
+            self._reference()
         sync(self.device)
         return time.perf_counter() - started
+
+    def _reference(self) -> None:
+        if self.adam:
+            from hvd_sparse.backends.base import Momentum
+            momentum = Momentum(self.u, self.factor, second=self.second)
+            self.e, self.u = get_backend("torch").adam_step(self.e, momentum, self.g.clone())
+        else:
+            self.u.mul_(self.factor).add_(self.g)
+            self.e.add_(self.u)
 
 
 def gradients(n: int, size: int, device: str, seed: int = 0) -> list[torch.Tensor]:
@@ -133,18 +160,21 @@ def gradients(n: int, size: int, device: str, seed: int = 0) -> list[torch.Tenso
                 for _ in range(size)]
 
 
-def options_for(method: str, momentum: float = 0.0, nesterov: bool = False) -> dict:
-    """The method's options in this benchmark, with the momentum correction when asked."""
+def options_for(method: str, momentum: float = 0.0, nesterov: bool = False, adam: bool = False) -> dict:
+    """The method's options in this benchmark, with the momentum correction or the Adam path (one
+    dense step) when asked."""
     options = dict(OPTIONS.get(method, {}))
     if momentum:   # without: every method as it is (DGC keeps its own default, 0.9)
         options.update(momentum=momentum, nesterov=nesterov)
+    if adam:
+        options.update(adam=AdamPath(), dense_steps=1)
     return options
 
 
 def method_seconds(method: str, n: int, size: int, density: float, repeats: int, device: str,
                    framework: str = "torch", floor: Floor | None = None,
                    momentum_floor: MomentumFloor | None = None, momentum: float = 0.0,
-                   nesterov: bool = False) -> dict:
+                   nesterov: bool = False, adam: bool = False) -> dict:
     """Median per-rank step; ``framework="tensorflow"``: the TF backend on the same gradients
     (immutable tensors, so nothing is written into the inputs). ``over_floor``: the median over
     steps of the step over the floor timed just before it (paired, so that a machine whose load
@@ -152,7 +182,7 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
     ``over_momentum_floor``, the step over that floor timed just before it too."""
     floor = floor or Floor(n, device)
     backend = get_backend(framework)
-    algorithm = hvd_sparse.create(method, density=density, **options_for(method, momentum, nesterov))
+    algorithm = hvd_sparse.create(method, density=density, **options_for(method, momentum, nesterov, adam))
     torch_face = framework == "torch"
     engines = [Engine(algorithm, backend, rank, size, write_into_inputs=torch_face) for rank in range(size)]
     group = LocalGroup(size, backend)
@@ -274,8 +304,10 @@ def measure(methods: list[str], n: int, size: int, args, tensorflow: bool = Fals
     own; every mode's under "kernels"), and with ``tensorflow`` the TF backend's figures. The
     row's floor: the median of the floors timed before the steps."""
     floor = Floor(n, args.device)
-    momentum_floor = MomentumFloor(n, args.device, args.momentum, args.nesterov) if args.momentum else None
-    timing = {"momentum_floor": momentum_floor, "momentum": args.momentum, "nesterov": args.nesterov}
+    momentum_floor = (MomentumFloor(n, args.device, args.momentum or 0.9, args.nesterov, args.adam)
+                      if args.momentum or args.adam else None)
+    timing = {"momentum_floor": momentum_floor, "momentum": args.momentum, "nesterov": args.nesterov,
+              "adam": args.adam}
     row = {"n": n, "world_size": size, "methods": {}, "tensorflow": {}}
     if momentum_floor is not None:
         row["momentum_floor_kind"] = momentum_floor.kind
@@ -332,6 +364,9 @@ COPIES_MAX = 2.0           # ExDyna's memory overhead, fp32 copies of the model 
 # reading u, g, e and writing u, e (issue 18, point 4).
 MOMENTUM_FLOOR_RATIO_MAX = {"exdyna": 1.3, "micro": 1.3}
 MOMENTUM_FLOOR = "the momentum floor (one pass reading u, g, e, writing u, e)"
+# On the Adam path (an --adam run, issue 35): the step over its own accumulation, one pass reading
+# g, u, v, e and writing u, v, e.
+ADAM_FLOOR = "the Adam floor (one pass reading g, u, v, e, writing u, v, e)"
 
 
 def kernel_figures(m: dict, mode: str) -> dict:
@@ -344,12 +379,15 @@ def judge(result: dict) -> list[dict]:
     """Each target met or not, with the figures behind it. A run with the momentum correction
     (``result["momentum"]``) is judged on its own floor, ExDyna and MiCRO only."""
     targets = []
-    momentum = result.get("momentum")
+    adam = result.get("adam", False)
+    momentum = result.get("momentum") or adam
     limits, ratio, floor = ((MOMENTUM_FLOOR_RATIO_MAX, "over_momentum_floor", "momentum_floor_seconds")
                             if momentum else (FLOOR_RATIO_MAX, "over_floor", "floor_seconds"))
-    name = MOMENTUM_FLOOR if momentum else "the floor (`a = g + e`)"
+    name = ADAM_FLOOR if adam else MOMENTUM_FLOOR if momentum else "the floor (`a = g + e`)"
     setting = ""
-    if momentum:
+    if adam:
+        setting = ", on the Adam path"
+    elif momentum:
         setting = f", momentum={momentum:g}" + (" (Nesterov)" if result.get("nesterov") else "")
     for r in result["sizes"]:
         if r["world_size"] != 4 or r["n"] not in TARGET_SIZES:
@@ -425,15 +463,17 @@ def size_table(result: dict, rows: list[dict], modes: list[str]) -> list[str]:
     lines.append("| method | " + " | ".join(f"n = {r['n']:,}" for r in rows) + " |")
     lines.append("|---|" + "---|" * len(rows))
     lines.append("| floor | " + " | ".join(f"{r['floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
-    momentum = result.get("momentum")
+    momentum = result.get("momentum") or result.get("adam")
     if momentum:
         kind = rows[0].get("momentum_floor_kind", "") if rows else ""
-        lines.insert(1, f"Every method with the momentum correction, momentum={momentum:g}"
-                     + (" (Nesterov)" if result.get("nesterov") else "") + "; the second ratio is over "
-                     f"the momentum floor, one pass that reads u, g, e and writes u, e (here {kind}), timed "
-                     "beside the other before every step.")
-        lines.append("| momentum floor | " + " | ".join(f"{r['momentum_floor_seconds'] * 1e3:.2f}"
-                                                      for r in rows) + " |")
+        path = ("on the Adam path (one dense step first); the second ratio is over the Adam floor, one "
+                "pass that reads g, u, v, e and writes u, v, e" if result.get("adam") else
+                f"with the momentum correction, momentum={momentum:g}"
+                + (" (Nesterov)" if result.get("nesterov") else "") + "; the second ratio is over "
+                "the momentum floor, one pass that reads u, g, e and writes u, e")
+        lines.insert(1, f"Every method {path} (here {kind}), timed beside the other before every step.")
+        lines.append(f"| {'Adam' if result.get('adam') else 'momentum'} floor | "
+                     + " | ".join(f"{r['momentum_floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
     for method in result["methods"]:
         for mode in modes:
             cells = [cell(kernel_figures(r["methods"].get(method, {}), mode), 1) for r in rows]
@@ -442,7 +482,7 @@ def size_table(result: dict, rows: list[dict], modes: list[str]) -> list[str]:
             cells = [cell(r.get("tensorflow", {}).get(method, {}), 1) for r in rows]
             lines.append(f"| {method}, TensorFlow | " + " | ".join(cells) + " |")
     lines += ["", f"At N = {result['world_size']}; in parentheses: x floor"
-              + ("; x momentum floor" if momentum else "")
+              + (f"; x {'Adam' if result.get('adam') else 'momentum'} floor" if momentum else "")
               + ". Kernels on: hvd_sparse.set_kernels(\"auto\") "
               "(the fused CPU kernels, docs/kernels.md); off: the reference torch ops. TensorFlow: the "
               "TF backend's own ops and its top-k op (hvd_sparse/kernels/cpu/tf_ops.cc), same gradients and "
@@ -475,6 +515,7 @@ def memory_line(result: dict, modes: list[str]) -> str:
     """ExDyna's memory overhead, per kernel mode."""
     by_mode = result.get("memory_copies_by_kernels") or {modes[0]: result["memory_copies_per_rank"]}
     held = "residual and selection temporaries" + (", and the velocity u" if result.get("momentum") else "")
+    held += ", and Adam's moments u and v" if result.get("adam") else ""
     return (f"ExDyna's memory overhead, fp32 copies of the model per rank ({held}): "
             + ", ".join(f"kernels {mode} {copies:.2f}" for mode, copies in by_mode.items()) + ".")
 
@@ -484,7 +525,7 @@ def plot_report(result: dict, rows: list[dict], modes: list[str], path: Path) ->
     plt = pyplot()
     if plt is None:
         return
-    sweep, momentum = result["world_sizes"], result.get("momentum")
+    sweep, momentum = result["world_sizes"], result.get("momentum") or result.get("adam")
     figure, axes = plt.subplots(1, 2 if sweep else 1, figsize=(12 if sweep else 6, 4.5), squeeze=False)
     ax = axes[0][0]
     for method in result["methods"]:
@@ -543,6 +584,9 @@ def main() -> None:
                              "each step by that path's floor too (one pass reading u, g, e, writing "
                              "u, e); the targets then judge ExDyna and MiCRO against it")
     parser.add_argument("--nesterov", action="store_true", help="the Nesterov form (with --momentum)")
+    parser.add_argument("--adam", action="store_true",
+                        help="run every method on the Adam path, and divide each step by that path's "
+                             "floor too (its accumulation alone, one pass)")
     args = parser.parse_args()
     if args.quick:
         args.sizes, args.world_sizes, args.repeats = [1e6, 25e6], [1, 2, 4, 8], 3
@@ -553,22 +597,22 @@ def main() -> None:
     memory = {}
     for mode in args.kernels if "exdyna" in args.methods else ():   # ExDyna's own figure
         memory[mode] = memory_overhead(largest, args.world_size, args.density, args.device, mode,
-                                       options_for("exdyna", args.momentum, args.nesterov))
+                                       options_for("exdyna", args.momentum, args.nesterov, args.adam))
         print(f"exdyna memory overhead at n={largest:,} N={args.world_size}, kernels {mode}: "
               f"{memory[mode]:.2f} fp32 copies/rank", flush=True)
     result = {"density": args.density, "device": args.device, "repeats": args.repeats,
-              "momentum": args.momentum, "nesterov": args.nesterov,
+              "momentum": args.momentum, "nesterov": args.nesterov, "adam": args.adam,
               "world_size": args.world_size, "methods": args.methods, "kernels": args.kernels,
               "memory_copies_per_rank": memory.get(args.kernels[0]), "memory_copies_by_kernels": memory,
               "sizes": [], "world_sizes": []}
     for n in sizes:
-        if fits(n, args.world_size, args.device, momentum=bool(args.momentum)):
+        if fits(n, args.world_size, args.device, momentum=bool(args.momentum) or args.adam):
             result["sizes"].append(measure(args.methods, n, args.world_size, args,
                                            tensorflow=args.tensorflow))
         else:
             print(f"n={n:,} N={args.world_size}: skipped, does not fit in memory", flush=True)
     for size in args.world_sizes:
-        if fits(largest, size, args.device, momentum=bool(args.momentum)):
+        if fits(largest, size, args.device, momentum=bool(args.momentum) or args.adam):
             methods = [m for m in N_SWEEP_METHODS if m in args.methods]
             result["world_sizes"].append(measure(methods, largest, size, args))
         else:

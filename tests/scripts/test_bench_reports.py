@@ -181,3 +181,24 @@ def test_a_momentum_run_is_judged_on_the_momentum_floor():
                                                              "momentum": 0.9, "nesterov": True}
     assert bench_select.options_for("topk") == bench_select.OPTIONS["topk"]
     assert bench_select.options_for("dgc") == bench_select.OPTIONS["dgc"]   # its own momentum
+
+
+def test_an_adam_run_is_judged_on_the_adam_floor():
+    """``--adam``: ExDyna and MiCRO against the floor of the Adam path's accumulation (one pass
+    over g, u, v, e), every method with the path's options (one dense step)."""
+    import bench_select
+
+    def figures(seconds):
+        return {"seconds": seconds, "select_seconds": 0.0, "over_floor": seconds / 0.01,
+                "over_momentum_floor": seconds / 0.03}
+
+    methods = {name: {**figures(seconds), "kernels": {"on": figures(seconds), "off": figures(3 * seconds)}}
+               for name, seconds in (("exdyna", 0.036), ("micro", 0.042))}
+    result = {"momentum": 0.0, "adam": True, "memory_copies_per_rank": 3.1,
+              "sizes": [{"n": 25_000_000, "world_size": 4, "floor_seconds": 0.01,
+                         "momentum_floor_seconds": 0.03, "methods": methods}], "world_sizes": []}
+    targets = bench_select.judge(result)
+    assert [(t["target"].split()[0], t["met"]) for t in targets] == [("exdyna", True), ("micro", False)]
+    assert bench_select.ADAM_FLOOR in targets[0]["target"] and "on the Adam path" in targets[0]["target"]
+    options = bench_select.options_for("exdyna", adam=True)
+    assert options["dense_steps"] == 1 and options["adam"] == bench_select.AdamPath()
