@@ -200,6 +200,28 @@ def verdicts(report: dict) -> list[str]:
     return lines
 
 
+def targets(report: dict) -> list[dict]:
+    """The issue's targets as scripts/report.py collects them: met or not, with the figures."""
+    out = []
+    for row in rows(report):
+        if row["method"] not in SEED_METHODS or row["plain"] is None:
+            continue
+        density, closed, share = row["density"], row.get("closed", math.nan), row["bytes"]
+        figure = (f"{closed:.0%} of the gap closed: held-out loss {row['plain']['heldout_loss']:.3f} plain, "
+                  f"{row['path']['heldout_loss']:.3f} on the path, {row['dense']['heldout_loss']:.3f} dense; "
+                  f"{share:.1%} of dense's bytes")
+        out.append({"target": f"{row['method']} on the Adam path closes at least half of its plain gap to dense "
+                              f"AdamW at ρ = {density:g} with at most {BYTES_SHARE:.0%} of dense's bytes "
+                              f"(transformer task, {WORLD_SIZE} ranks, {report['config']['steps']} steps)",
+                    "met": bool(closed >= GAP_SHARE and share <= BYTES_SHARE),
+                    "figure": figure})
+        moon = MOONSHOT.get(density, LONG_MOONSHOT)
+        out.append({"target": f"moonshot: {row['method']} on the Adam path within {moon:.0%} of dense AdamW's "
+                              f"held-out perplexity at ρ = {density:g}",
+                    "met": bool(row["ppl_ratio"] <= 1 + moon), "figure": f"{row['ppl_ratio']:.3f}x dense"})
+    return out
+
+
 def markdown(report: dict, figure: str | None) -> str:
     config = report["config"]
     out = [f"{WORLD_SIZE} simulated ranks, the small GPT (hvd_sparse/sim/gpt.py) on the standard "
@@ -264,6 +286,8 @@ def main(argv: list[str] | None = None) -> int:
     folder = output_dir(args.out_dir, args.quick)
     out_json = folder / "adam-quality.json"
     report = run_all(args, out_json)
+    report["targets"] = targets(report)
+    out_json.write_text(json.dumps(report))
     figure = plot(report, folder / "adam-quality.png")
     (folder / "adam-quality.md").write_text(markdown(report, figure))
     print((folder / "adam-quality.md").read_text())

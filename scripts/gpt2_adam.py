@@ -103,6 +103,23 @@ def table(records: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def targets(records: list[dict]) -> list[dict]:
+    """The issue's targets as scripts/report.py collects them, per face."""
+    dense = {r["face"]: r for r in records if r["name"] == "dense"}
+    out = []
+    for r in records:
+        limit = TARGETS.get(r["name"])
+        if limit is None:
+            continue
+        ratio = r["train_loss"] / dense[r["face"]]["train_loss"]
+        share = r["bytes_sent"] / r["dense_bytes"]
+        out.append({"target": f"GPT-2 example, {r['name']} at most {limit:.2f}x dense AdamW's loss with at most "
+                              f"{BYTES_SHARE:.0%} of its bytes ({r['face']} face, 2 ranks)",
+                    "met": bool(ratio <= limit and share <= BYTES_SHARE),
+                    "figure": f"{ratio:.3f}x, {share:.1%} of dense's bytes"})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="150 steps, dense and ExDyna on the path")
@@ -120,7 +137,7 @@ def main(argv: list[str] | None = None) -> None:
     folder = output_dir(args.out_dir, args.quick)
     summary = {"steps": steps, "density": args.density, "ranks": 2, "machine": machine_info(),
                "command": " ".join(["python", "scripts/gpt2_adam.py", *(argv or sys.argv[1:])]),
-               "records": records}
+               "records": records, "targets": targets(records)}
     (folder / "gpt2-adam.json").write_text(json.dumps(summary, indent=1) + "\n")
     text = (f"# GPT-2 under AdamW, 2 ranks, {steps} steps, density {args.density}\n\n"
             f"`{summary['command']}`\n\n{table(records)}\n")

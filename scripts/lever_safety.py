@@ -75,6 +75,18 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def targets(runs: list[dict]) -> list[dict]:
+    """Each configuration within 3 points of dense on every seed, as scripts/report.py collects it."""
+    dense = np.mean([r["accuracy"] for r in runs if r["name"] == "dense"])
+    out = []
+    for name in dict.fromkeys(r["name"] for r in runs if r["name"] != "dense"):
+        worst = 100 * (min(r["accuracy"] for r in runs if r["name"] == name) - dense)
+        out.append({"target": f"ExDyna tracking with {name}, digits CNN at ρ = {RECIPE['density']}: every seed "
+                              f"within {POINTS:g} points of dense",
+                    "met": bool(worst >= -POINTS), "figure": f"worst seed {worst:+.1f} points"})
+    return out
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--jobs", type=int, default=1)
@@ -88,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     command = " ".join(["python", "scripts/lever_safety.py", *(argv or sys.argv[1:])])
     (folder / "lever-safety.json").write_text(json.dumps(
         {"recipe": RECIPE, "world_size": WORLD_SIZE, "machine": machine_info(), "command": command,
-         "runs": runs}, indent=1) + "\n")
+         "runs": runs, "targets": targets(runs)}, indent=1) + "\n")
     text = (f"# Levers on the digits CNN, ρ = {RECIPE['density']}, {WORLD_SIZE} ranks, "
             f"{RECIPE['steps']} steps\n\n`{command}`\n\n{table(runs)}\n")
     (folder / "lever-safety.md").write_text(text)

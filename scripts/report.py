@@ -162,6 +162,16 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "per-tensor Gaussian-k packed as TopK is, its paper-mode loop in threshold form; "
      "`-unpacked`: a bucket per tensor. Hard threshold runs in its default whole-model scope; its "
      "density follows the gradients, so it never settles near the target)"),
+    ("adam-quality.md", "Quality under AdamW: the transformer task, every method plain and on the Adam path",
+     "python scripts/adam_quality.py --jobs 2 (4 simulated ranks, 2000 steps, ρ = 0.01 and 0.001; "
+     "docs/methods.md#adam-and-adamw)"),
+    ("gpt2-adam.md", "A real transformer under AdamW: the Hugging Face GPT-2 example in both faces",
+     "python scripts/gpt2_adam.py (2 ranks, torchrun and horovodrun, 600 steps, ρ = 0.01)"),
+    ("select-adam/select.md", "Selection cost on the Adam path",
+     "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 5 --kernels on off --methods "
+     "exdyna micro topk --adam --no-tensorflow --out-dir bench/select-adam"),
+    ("lever-safety.md", "Are the SGD levers safe? The digits CNN at ρ = 0.001",
+     "python scripts/lever_safety.py --jobs 2"),
 ]
 
 
@@ -198,6 +208,7 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models-dgc.json",
                  "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-models-baselines.json",
                  "e2e-tf.json", "e2e-tf-models-packed.json", "time-to-accuracy/tta.json",
+                 "adam-quality.json", "gpt2-adam.json", "lever-safety.json", "select-adam/select.json",
                  "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
