@@ -210,14 +210,15 @@ def targets(report: dict) -> list[dict]:
         figure = (f"{closed:.0%} of the gap closed: held-out loss {row['plain']['heldout_loss']:.3f} plain, "
                   f"{row['path']['heldout_loss']:.3f} on the path, {row['dense']['heldout_loss']:.3f} dense; "
                   f"{share:.1%} of dense's bytes")
-        out.append({"target": f"{row['method']} on the Adam path closes at least half of its plain gap to dense "
-                              f"AdamW at ρ = {density:g} with at most {BYTES_SHARE:.0%} of dense's bytes "
-                              f"(transformer task, {WORLD_SIZE} ranks, {report['config']['steps']} steps)",
+        out.append({"target": f"{row['method']} on the Adam path closes at least half of its plain gap to "
+                              f"dense AdamW at ρ = {density:g} with at most {BYTES_SHARE:.0%} of dense's "
+                              f"bytes (transformer task, {WORLD_SIZE} ranks, "
+                              f"{report['config']['steps']} steps)",
                     "met": bool(closed >= GAP_SHARE and share <= BYTES_SHARE),
                     "figure": figure})
         moon = MOONSHOT.get(density, LONG_MOONSHOT)
-        out.append({"target": f"moonshot: {row['method']} on the Adam path within {moon:.0%} of dense AdamW's "
-                              f"held-out perplexity at ρ = {density:g}",
+        out.append({"target": f"moonshot: {row['method']} on the Adam path within {moon:.0%} of dense "
+                              f"AdamW's held-out perplexity at ρ = {density:g}",
                     "met": bool(row["ppl_ratio"] <= 1 + moon), "figure": f"{row['ppl_ratio']:.3f}x dense"})
     return out
 

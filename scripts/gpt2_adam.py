@@ -113,8 +113,8 @@ def targets(records: list[dict]) -> list[dict]:
             continue
         ratio = r["train_loss"] / dense[r["face"]]["train_loss"]
         share = r["bytes_sent"] / r["dense_bytes"]
-        out.append({"target": f"GPT-2 example, {r['name']} at most {limit:.2f}x dense AdamW's loss with at most "
-                              f"{BYTES_SHARE:.0%} of its bytes ({r['face']} face, 2 ranks)",
+        out.append({"target": f"GPT-2 example, {r['name']} at most {limit:.2f}x dense AdamW's loss with at "
+                              f"most {BYTES_SHARE:.0%} of its bytes ({r['face']} face, 2 ranks)",
                     "met": bool(ratio <= limit and share <= BYTES_SHARE),
                     "figure": f"{ratio:.3f}x, {share:.1%} of dense's bytes"})
     return out

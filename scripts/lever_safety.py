@@ -81,8 +81,8 @@ def targets(runs: list[dict]) -> list[dict]:
     out = []
     for name in dict.fromkeys(r["name"] for r in runs if r["name"] != "dense"):
         worst = 100 * (min(r["accuracy"] for r in runs if r["name"] == name) - dense)
-        out.append({"target": f"ExDyna tracking with {name}, digits CNN at ρ = {RECIPE['density']}: every seed "
-                              f"within {POINTS:g} points of dense",
+        out.append({"target": f"ExDyna tracking with {name}, digits CNN at ρ = {RECIPE['density']}: every "
+                              f"seed within {POINTS:g} points of dense",
                     "met": bool(worst >= -POINTS), "figure": f"worst seed {worst:+.1f} points"})
     return out
 
