@@ -165,6 +165,8 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("adam-quality.md", "Quality under AdamW: the transformer task, every method plain and on the Adam path",
      "python scripts/adam_quality.py --jobs 2 (4 simulated ranks, 2000 steps, ρ = 0.01 and 0.001; "
      "docs/methods.md#adam-and-adamw)"),
+    ("adam-twin-tf.md", "The Adam path in TensorFlow: the transformer task's Keras twin beside PyTorch",
+     "python scripts/adam_twin_tf.py (2 ranks, 1000 steps, ρ = 0.01; real Horovod TensorFlow jobs)"),
     ("gpt2-adam.md", "A real transformer under AdamW: the Hugging Face GPT-2 example in both faces",
      "python scripts/gpt2_adam.py (2 ranks, torchrun and horovodrun, 600 steps, ρ = 0.01)"),
     ("select-adam/select.md", "Selection cost on the Adam path",
@@ -208,7 +210,8 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models-dgc.json",
                  "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-models-baselines.json",
                  "e2e-tf.json", "e2e-tf-models-packed.json", "time-to-accuracy/tta.json",
-                 "adam-quality.json", "gpt2-adam.json", "lever-safety.json", "select-adam/select.json",
+                 "adam-quality.json", "adam-twin-tf.json", "gpt2-adam.json", "lever-safety.json",
+                 "select-adam/select.json",
                  "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):
