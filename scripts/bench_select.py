@@ -79,6 +79,12 @@ EXCLUSIVE = {"threshold_scaling": "tracking", "threshold_start": "local"}
 OPTIONS = {"topk": {"scope": "model"}, "exdyna": EXCLUSIVE, "micro": EXCLUSIVE, "randomk": {"scope": "model"},
            "gaussiank": {"scope": "model"}, "dgc": {"scope": "model"}}
 WARMUP = 12
+# The Adam path normalises every entry: fed the same gradient every step, every entry's update is
+# the same each step and the whole vector crosses the threshold together, which no training sees.
+# Its runs move the gradient's entries every step (a roll by ROLL places) and let the threshold
+# settle over ADAM_WARMUP steps (it holds the target within 20 steps at 1e6 entries).
+ROLL = 7919
+ADAM_WARMUP = 30
 KERNEL_MODES = {"on": "auto", "off": "off"}   # --kernels value -> hvd_sparse.set_kernels mode
 TF_METHODS = METHODS                          # every method on the TensorFlow backend as well
 
@@ -191,16 +197,18 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
     buckets = [[x] if torch_face else tf_bucket(x) for x in inputs]
     per_step, densities, selecting, ratios, floors = [], [], [], [], []
     momentum_ratios, momentum_floors = [], []
-    for step in range(repeats + WARMUP):
+    warmup = ADAM_WARMUP if adam else WARMUP
+    for step in range(repeats + warmup):
         floor_step = floor.seconds()
         momentum_step = momentum_floor.seconds() if momentum_floor is not None else None
         for g, x in zip(grads, inputs, strict=True) if torch_face else ():
-            x.copy_(g)   # the engine writes the average into x
+            # the engine writes the average into x; on the Adam path the entries move every step
+            x.copy_(torch.roll(g, step * ROLL) if adam else g)
         sync(device)
         group.seconds = [0.0] * size
         group.run([engine.step("model", buckets[r]) for r, engine in enumerate(engines)])
         sync(device)
-        if step >= WARMUP:
+        if step >= warmup:
             per_step.append(statistics.median(group.seconds))
             ratios.append(per_step[-1] / floor_step)
             floors.append(floor_step)
@@ -459,7 +467,8 @@ def size_table(result: dict, rows: list[dict], modes: list[str]) -> list[str]:
     lines = [f"Per-rank step cost (ms) and its ratio to the floor `a = g + e` on the same bytes (the "
              f"median over steps of the step over the floor timed just before it); "
              f"density {result['density']}, device {result['device']}, one thread per rank; "
-             f"median of {result['repeats']} steps after {WARMUP} warm-up steps.", ""]
+             f"median of {result['repeats']} steps after "
+             f"{ADAM_WARMUP if result.get('adam') else WARMUP} warm-up steps.", ""]
     lines.append("| method | " + " | ".join(f"n = {r['n']:,}" for r in rows) + " |")
     lines.append("|---|" + "---|" * len(rows))
     lines.append("| floor | " + " | ".join(f"{r['floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
