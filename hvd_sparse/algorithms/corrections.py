@@ -180,7 +180,7 @@ class Corrections:
         self._check_total_steps()
 
     def _check_adam(self) -> None:
-        """The Adam path's own demands: dense steps to take its second moment in, and no second
+        """The Adam path's own demands: dense steps to start its moments from, and no second
         momentum on top of Adam's first moment."""
         if self.adam is None:
             return
@@ -190,8 +190,8 @@ class Corrections:
                 "a momentum: the path's is Adam's beta1. Pass momentum=0")
         if self.dense_steps == 0:
             raise ConfigurationError(
-                "the Adam path takes Adam's second moment from its dense steps: dense_steps must "
-                f"be at least 1 (default {ADAM_DENSE_STEPS})")
+                "the Adam path starts every rank's Adam moments from the average's over its dense "
+                f"steps: dense_steps must be at least 1 (default {ADAM_DENSE_STEPS})")
 
     def _check_total_steps(self) -> None:
         if self.total_steps is None:
