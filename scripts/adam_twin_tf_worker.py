@@ -55,18 +55,13 @@ def options_of(pairs: list[str]) -> dict:
     return out
 
 
-def main() -> None:
-    args = parse_args()
-    import horovod.tensorflow as hvd
-    import tensorflow as tf
-
+def build(args: argparse.Namespace, hvd, tf) -> tuple:
+    """(model, its weights in the torch model's order, optimizer, compressor or None): the Keras
+    twin with the torch task's initial weights, and the run's exchange."""
     import hvd_sparse.tensorflow as hs
-    from hvd_sparse.sim import gpt, gpt_tf, words
+    from hvd_sparse.sim import gpt, gpt_tf
     from hvd_sparse.tensorflow.optimizers import AdamW
 
-    hvd.init()
-    tf.config.threading.set_intra_op_parallelism_threads(1)
-    tf.config.threading.set_inter_op_parallelism_threads(1)
     torch_model = gpt.gpt_model(args.seed)
     names = [n for n, _ in torch_model.named_parameters()]
     arrays = [p.detach().numpy() for _, p in torch_model.named_parameters()]
@@ -74,17 +69,24 @@ def main() -> None:
     variables = gpt_tf.ordered_weights(model)
     for variable, value in zip(variables, gpt_tf.weights_for_keras(arrays, names), strict=True):
         variable.assign(value)
-    corpus = words.word_corpus(gpt.VOCAB_SIZE, scope=gpt.CORPUS_SCOPE)
-    keras_adamw = tf.keras.optimizers.AdamW
     compressor = None
     if args.mode == "adam":
         optimizer = AdamW(learning_rate=args.lr, weight_decay=args.weight_decay, epsilon=EPS)
         compressor = getattr(hs, args.method)(args.density, optimizer=optimizer, total_steps=args.steps,
                                               **options_of(args.option))
     else:
-        optimizer = keras_adamw(learning_rate=args.lr, weight_decay=args.weight_decay, epsilon=EPS)
+        optimizer = tf.keras.optimizers.AdamW(learning_rate=args.lr, weight_decay=args.weight_decay,
+                                              epsilon=EPS)
         if args.mode == "plain":
             compressor = getattr(hs, args.method)(args.density, **options_of(args.option))
+    return model, variables, optimizer, compressor
+
+
+def train(args: argparse.Namespace, hvd, tf, model, variables, optimizer, compressor, corpus) -> list[float]:
+    """The tape loop over the torch task's batches; this rank's losses."""
+    import hvd_sparse.tensorflow as hs
+    from hvd_sparse.sim import words
+
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -99,22 +101,47 @@ def main() -> None:
         optimizer.apply_gradients(zip(grads, variables, strict=True))
         return loss
 
-    losses, started = [], time.perf_counter()
+    losses = []
     for t in range(args.steps):
         x, y = words.word_batch(corpus.train, hvd.rank(), t, args.batch_size, 32, args.seed)
         losses.append(float(step(tf.constant(x), tf.constant(y))))
+    return losses
+
+
+def heldout_loss(tf, model, corpus) -> float:
+    """Mean next-token loss over the torch task's 16 k validation tokens, windows of 64."""
+    from hvd_sparse.sim import words
+
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+    eval_x, eval_y = words.eval_windows(corpus.valid, 64, words.EVAL_TOKENS)
+    pieces = max(1, len(eval_x) // 64)
+    nats = sum(float(loss_fn(yb, model(xb))) * yb.size
+               for xb, yb in zip(np.array_split(eval_x, pieces), np.array_split(eval_y, pieces), strict=True))
+    return nats / eval_y.size
+
+
+def main() -> None:
+    args = parse_args()
+    import horovod.tensorflow as hvd
+    import tensorflow as tf
+
+    from hvd_sparse.sim import gpt, words
+
+    hvd.init()
+    tf.config.threading.set_intra_op_parallelism_threads(1)
+    tf.config.threading.set_inter_op_parallelism_threads(1)
+    model, variables, optimizer, compressor = build(args, hvd, tf)
+    corpus = words.word_corpus(gpt.VOCAB_SIZE, scope=gpt.CORPUS_SCOPE)
+    started = time.perf_counter()
+    losses = train(args, hvd, tf, model, variables, optimizer, compressor, corpus)
     seconds = time.perf_counter() - started
     mean_losses = hvd.allreduce(tf.constant(losses, tf.float64), op=hvd.Average).numpy()
-    eval_x, eval_y = words.eval_windows(corpus.valid, 64, words.EVAL_TOKENS)
-    nats = sum(float(loss_fn(yb, model(xb))) * yb.size
-               for xb, yb in zip(np.array_split(eval_x, max(1, len(eval_x) // 64)),
-                                 np.array_split(eval_y, max(1, len(eval_y) // 64)), strict=True))
-    n = sum(int(np.prod(v.shape)) for v in variables)
+    dense_bytes = 4.0 * sum(int(np.prod(v.shape)) for v in variables) * args.steps
     stats = compressor.stats() if compressor is not None else {}
-    dense_bytes = 4.0 * n * args.steps
     record = {"mode": args.mode, "method": args.method if compressor else "dense", "density": args.density,
               "steps": args.steps, "ranks": hvd.size(), "losses": [float(v) for v in mean_losses],
-              "train_loss": float(np.mean(mean_losses[-100:])), "heldout_loss": nats / eval_y.size,
+              "train_loss": float(np.mean(mean_losses[-100:])),
+              "heldout_loss": heldout_loss(tf, model, corpus),
               "bytes_sent": float(stats.get("bytes_sent_total", dense_bytes)), "dense_bytes": dense_bytes,
               "seconds": seconds}
     record["perplexity"] = math.exp(record["heldout_loss"])
