@@ -356,58 +356,122 @@ def command_text(command: str) -> str:
     return f"`{command}`"
 
 
+# The page answers one question per section from its latest run (fragment -> question); every
+# other section is an earlier run or a narrower one and goes to the archive, whole, with the full
+# Targets table.
+CURRENT = {
+    "select.md": "Selection cost",
+    "fidelity.md": "Fidelity: density, imbalance, build-up",
+    "adam-quality.md": "Quality under AdamW (the transformer task)",
+    "gpt2-adam.md": "Quality on a real transformer (GPT-2, both faces)",
+    "adam-twin-tf.md": "Quality in TensorFlow (the Keras twin beside PyTorch)",
+    "lever-safety.md": "Quality: are the SGD levers safe?",
+    "e2e-phases.md": "End to end: where the step's time goes",
+    "time-to-accuracy/tta.md": "Time to accuracy",
+    "ddp-1gbit/ddp.md": "DDP communication hooks",
+    "soak.md": "Reliability: a long run",
+    "select-adam/select.md": "Selection cost on the Adam path",
+}
+ARCHIVE = "BENCHMARKS-archive.md"
+
+
+def section(number: int | str, fragment: str, title: str, command: str, bench: Path, out: Path) -> list[str]:
+    """One section: its title, its command and the fragment the script wrote (or a note)."""
+    lines = [f"## {number}. {title}", "", f"Command (with `OMP_NUM_THREADS=1`): {command_text(command)}", ""]
+    path = bench / fragment
+    prefix = Path(os.path.relpath(path.parent, out.resolve().parent)).as_posix()
+    text = nest_headings(relink_images(path.read_text().strip(), prefix)) if path.exists() else None
+    lines.append(text or "_Not run on this machine._")
+    png = path.with_suffix(".png")
+    if png.exists() and f"{prefix}/{png.name}" not in (text or ""):
+        lines += ["", f"![{title}]({prefix}/{png.name})"]
+    return [*lines, ""]
+
+
+def target_summary(rows: list[tuple[str, str, str]]) -> list[str]:
+    """The Targets table grouped: per section of targets, how many are met, and the ones that are not."""
+    groups: dict[str, list[tuple[str, str, str]]] = {}
+    for row in rows:
+        groups.setdefault(target_group(row[0]), []).append(row)
+    lines = ["| targets | met | not met |", "|---|---|---|"]
+    for group, members in groups.items():
+        missed = [title for title, verdict, _ in members
+                  if verdict != "met" and not title.startswith("moonshot")]
+        moon = sum(title.startswith("moonshot") for title, _, _ in members)
+        met = sum(verdict == "met" for _, verdict, _ in members)
+        note = "; ".join(missed[:3]) + (f"; and {len(missed) - 3} more" if len(missed) > 3 else "")
+        lines.append(f"| {group} | {met} of {len(members)}{f' ({moon} moonshots)' if moon else ''} | "
+                     f"{note or '-'} |")
+    return lines
+
+
+def target_group(title: str) -> str:
+    """A target's group in the summary: what it measures."""
+    lowered = title.lower()
+    for key, group in (("floor", "Selection cost"), ("overhead", "End to end"), ("faster", "End to end"),
+                       ("adam path", "Quality under AdamW"), ("gpt-2", "Quality under AdamW"),
+                       ("tensorflow:", "Quality under AdamW"), ("digits cnn", "Safety of the SGD levers"),
+                       ("memory", "Selection cost"),
+                       ("perplexity", "Quality under SGD"), ("accuracy", "Quality under SGD"),
+                       ("density", "Fidelity"), ("build-up", "Fidelity"), ("imbalance", "Fidelity"),
+                       ("soak", "Reliability"), ("weights", "Reliability"), ("rss", "Reliability"),
+                       ("ddp", "DDP"), ("step", "End to end"), ("sooner", "Time to accuracy")):
+        if key in lowered:
+            return group
+    return "Other"
+
+
+def header(bench: Path, what: str) -> list[str]:
+    return ["# Benchmarks" if what == "page" else "# Benchmarks: the archive", "",
+            "Written by `scripts/report.py` from the files the benchmark scripts left in `bench/`; "
+            "no figure is typed by hand. These machines are small and shared: results are ratios "
+            "measured side by side in one run, medians over repeats. Where a result is bad for "
+            "hvd_sparse it is shown as it is. `make bench` runs every script's `--quick` version "
+            "into bench/quick/.", "", f"Machine of this report: {machine()}.", ""]
+
+
+def gpu_lines(bench: Path) -> list[str]:
+    gpu = sorted((bench / "gpu").glob("*.log")) if (bench / "gpu").exists() else []
+    if not any(log.name.startswith("select_kernels_") for log in gpu):
+        return ["## GPU kernels", "",
+                "GPU: not measured. The Triton kernels (hvd_sparse/kernels/triton) are tested on every CI "
+                "run in Triton's interpreter and compiled for sm_90 there, but have not run on a GPU: "
+                "no GPU was lent to the sessions that built them. `bash scripts/gpu_check.sh` runs "
+                "the CUDA tests, `bench_select.py --device cuda --kernels on off` and "
+                "`scripts/ddp_cuda_check.py` (the DDP face on NCCL) in one command and writes its logs "
+                "to bench/gpu/.", ""]
+    lines = ["## On a GPU", "", "Logs of the runs on a lent GPU machine; a run the time limit cut off is "
+             "shown as far as it got.", ""]
+    for log in gpu:
+        lines += [f"`{log.as_posix()}`:", "", "```", log.read_text().strip(), "```", ""]
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", default="bench")
     parser.add_argument("--out", default="BENCHMARKS.md")
     args = parser.parse_args()
-    bench = Path(args.bench_dir)
-    lines = ["# Benchmarks", "",
-             "Written by `scripts/report.py` from the files the benchmark scripts left in `bench/`; "
-             "no figure is typed by hand. These machines are small and shared: results are ratios "
-             "measured side by side in one run, medians over repeats. Where a result is bad for "
-             "hvd_sparse it is shown as it is. `make bench` runs every script's `--quick` version "
-             "into bench/quick/.", "",
-             f"Machine of this report: {machine()}.", "", "## Targets", "",
-             "| target | verdict | figure |", "|---|---|---|"]
+    bench, out = Path(args.bench_dir), Path(args.out)
+    archive = out.with_name(ARCHIVE)
     rows = collected_targets(bench)
-    for target, verdict, figure in rows:
-        lines.append(f"| {target} | {verdict} | {figure} |")
-    lines.append("")
-    lines += cause_notes(rows)
+    page = [*header(bench, "page"), "## Targets", "",
+            f"Grouped; every target with its figure is in [{ARCHIVE}]({ARCHIVE}), with the earlier and "
+            "narrower runs (their sections there keep this page's former numbers).", "",
+            *target_summary(rows), ""]
+    rest = [*header(bench, "archive"), "## Targets", "", "| target | verdict | figure |", "|---|---|---|",
+            *[f"| {t} | {v} | {f} |" for t, v, f in rows], "", *cause_notes(rows)]
+    current = {fragment: (fragment, title, command) for fragment, title, command in SECTIONS}
+    for number, fragment in enumerate(CURRENT, start=1):
+        _, _, command = current[fragment]
+        page += section(number, fragment, CURRENT[fragment], command, bench, out)
     for number, (fragment, title, command) in enumerate(SECTIONS, start=1):
-        lines += [f"## {number}. {title}", "",
-                  f"Command (with `OMP_NUM_THREADS=1`): {command_text(command)}", ""]
-        path = bench / fragment
-        prefix = Path(os.path.relpath(path.parent, Path(args.out).resolve().parent)).as_posix()
-        text = nest_headings(relink_images(path.read_text().strip(), prefix)) if path.exists() else None
-        lines.append(text or "_Not run on this machine._")
-        png = path.with_suffix(".png")
-        if png.exists() and f"{prefix}/{png.name}" not in (text or ""):
-            lines += ["", f"![{title}]({prefix}/{png.name})"]
-        lines.append("")
-    gpu = sorted((bench / "gpu").glob("*.log")) if (bench / "gpu").exists() else []
-    if not any(log.name.startswith("select_kernels_") for log in gpu):
-        lines += ["## GPU kernels", "",
-                  "GPU: not measured. The Triton kernels (hvd_sparse/kernels/triton) are tested on every CI "
-                  "run "
-                  "in Triton's interpreter and compiled for sm_90 there, but have not run on a GPU: "
-                  "no GPU was lent to the sessions that built them. `bash scripts/gpu_check.sh` runs "
-                  "the CUDA tests and `bench_select.py --device cuda --kernels on off` in one command "
-                  "and writes its logs here (bench/gpu/select_kernels_<gpu>.log and others).", "",
-                  "The DDP face's GPU path (NCCL, CUDA tensors, CUDA events between the hook and its "
-                  "worker) has not run on a GPU either; `scripts/ddp_cuda_check.py`, the last stage "
-                  "of `gpu_check.sh`, checks it (bench/gpu/ddp_nccl_<gpu>.log). On CPU tensors it "
-                  "runs under `--device cpu`.", ""]
-    if gpu:
-        lines += ["## On a GPU", "",
-                  "Logs of the runs on an NVIDIA H200 (`python3 scripts/bench_select.py --device cuda "
-                  "...` and the CUDA tests), in the few minutes the lent machine gives a session; a run "
-                  "the time limit cut off is shown as far as it got.", ""]
-        for log in gpu:
-            lines += [f"`{log.as_posix()}`:", "", "```", log.read_text().strip(), "```", ""]
-    Path(args.out).write_text("\n".join(lines) + "\n")
-    print(f"wrote {args.out}")
+        if fragment not in CURRENT:
+            rest += section(number, fragment, title, command, bench, archive)
+    page += gpu_lines(bench)
+    archive.write_text("\n".join(rest) + "\n")
+    out.write_text("\n".join(page) + "\n")
+    print(f"wrote {out} and {archive}")
 
 
 if __name__ == "__main__":
