@@ -137,11 +137,11 @@ class MomentumFloor:
     def seconds(self) -> float:
         sync(self.device)
         started = time.perf_counter()
-        last = self.adam and self.kernel is not None and self.kernel(self.e, self.u, [self.g], self.factor,
-                                                                     self.second)
-        if not self.adam and self.kernel is not None:
-            last = self.kernel(self.e, self.u, [self.g], self.factor, self.nesterov)
-        if not last:
+        done = None
+        if self.kernel is not None:
+            form = self.second if self.adam else self.nesterov   # the Adam kernel's last argument is v
+            done = self.kernel(self.e, self.u, [self.g], self.factor, form)
+        if not done:
             self._reference()
         sync(self.device)
         return time.perf_counter() - started

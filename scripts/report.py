@@ -375,7 +375,7 @@ CURRENT = {
 ARCHIVE = "BENCHMARKS-archive.md"
 
 
-def section(number: int | str, fragment: str, title: str, command: str, bench: Path, out: Path) -> list[str]:
+def section(number: int, fragment: str, title: str, command: str, bench: Path, out: Path) -> list[str]:
     """One section: its title, its command and the fragment the script wrote (or a note)."""
     lines = [f"## {number}. {title}", "", f"Command (with `OMP_NUM_THREADS=1`): {command_text(command)}", ""]
     path = bench / fragment
@@ -421,7 +421,7 @@ def target_group(title: str) -> str:
     return "Other"
 
 
-def header(bench: Path, what: str) -> list[str]:
+def header(what: str) -> list[str]:
     return ["# Benchmarks" if what == "page" else "# Benchmarks: the archive", "",
             "Written by `scripts/report.py` from the files the benchmark scripts left in `bench/`; "
             "no figure is typed by hand. These machines are small and shared: results are ratios "
@@ -455,11 +455,11 @@ def main() -> None:
     bench, out = Path(args.bench_dir), Path(args.out)
     archive = out.with_name(ARCHIVE)
     rows = collected_targets(bench)
-    page = [*header(bench, "page"), "## Targets", "",
+    page = [*header("page"), "## Targets", "",
             f"Grouped; every target with its figure is in [{ARCHIVE}]({ARCHIVE}), with the earlier and "
             "narrower runs (their sections there keep this page's former numbers).", "",
             *target_summary(rows), ""]
-    rest = [*header(bench, "archive"), "## Targets", "", "| target | verdict | figure |", "|---|---|---|",
+    rest = [*header("archive"), "## Targets", "", "| target | verdict | figure |", "|---|---|---|",
             *[f"| {t} | {v} | {f} |" for t, v, f in rows], "", *cause_notes(rows)]
     current = {fragment: (fragment, title, command) for fragment, title, command in SECTIONS}
     for number, fragment in enumerate(CURRENT, start=1):

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from ...backends.contract import Moments, Norms, Selected, Velocity
+from ...backends.contract import Moments, Norms, Selected, Velocity, adam_constants
 from ...backends.exact import KernelSelection, float32_norms, mean_std_from_sums
 from ._library import bind
 from .norms import exact_mean_std
@@ -169,13 +169,6 @@ def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tenso
     if selected == _NOT_FINITE_CODE:
         return Selected(residual, None, [], False)
     return None if selected < 0 else Selected(residual, *selection.result(selected), True)
-
-
-def adam_constants(factor: float, second: Any) -> tuple[float, ...]:
-    """The kernels' constants of the Adam path's accumulation: b1, 1 - b1, b2, 1 - b2, c1, c2, eps
-    and the bound, as the reference computes them in Python floats."""
-    return (float(factor), 1.0 - float(factor), float(second.factor), 1.0 - float(second.factor),
-            float(second.first_scale), float(second.second_scale), float(second.eps), float(second.bound))
 
 
 def adam_accumulate(residual: torch.Tensor, momentum: torch.Tensor, tensors: list[torch.Tensor],

@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from hvd_sparse.backends.contract import Selected, Velocity
+from hvd_sparse.backends.contract import Selected, Velocity, adam_constants
 from hvd_sparse.backends.exact import sample_shape
 
 from . import _common
@@ -258,8 +258,7 @@ class _Adam:
 
     def __init__(self, factor: float, second: Any):
         self.second = second.buffer
-        self.constants = (1.0 - factor, second.factor, 1.0 - second.factor, second.first_scale,
-                          second.second_scale, second.eps, second.bound)
+        self.constants = adam_constants(factor, second)[1:]   # b1 itself is the momentum's factor
 
     def arguments(self, residual: torch.Tensor) -> tuple:
         """second_ptr, then 1 - b1, b2, 1 - b2, c1, c2, eps and the bound as bits of the residual's
