@@ -62,7 +62,7 @@ import time
 from pathlib import Path
 
 import bench_e2e_tf_worker
-from bench_e2e_worker import CONFIGS, REFERENCE, UNPACKED, known
+from bench_e2e_worker import ADAM_PATH, CONFIGS, REFERENCE, UNPACKED, known
 from e2e_phases import breakdown_table, phase_targets, summarize_phases
 from results import machine_info
 
@@ -93,6 +93,7 @@ WORKLOADS = {"mlp25m": {"batch": 8, "schedule": "blocks"},
              "resnet50": {"batch": 8, "schedule": "blocks"},
              "gpt": {"batch": 4, "schedule": "blocks"},
              "word-lstm": {"batch": 16, "schedule": "interleaved"},
+             "word-gpt": {"batch": 8, "schedule": "interleaved"},
              # TensorFlow only (tf.keras.applications), as in Horovod's tensorflow2 synthetic benchmark
              "mobilenetv2": {"batch": 8, "schedule": "blocks", "frameworks": ("tensorflow",)}}
 TARGET_CONFIGS = ["dense", "fp16", "exdyna", "exdyna-tracking", "topk", "local"]
@@ -644,6 +645,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--sizes", nargs="+", type=int)
     parser.add_argument("--configs", help=f"comma-separated, from {', '.join(CONFIGS)}")
     parser.add_argument("--density", type=float, default=0.001)
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                        help="what the jobs step (AdamW: lr 1e-3, weight decay 0.01; the "
+                             "'<method>+adam' configurations need it)")
     parser.add_argument("--image-size", type=int,
                         help="image side of the ResNets and cnn (default: 224 and 32); e.g. 112 or "
                              "64 on a slow host: same parameters, ~size^2 less computation")
@@ -694,6 +698,9 @@ def make_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> dict
             extra = f", {', '.join(bench_e2e_tf_worker.TF_CONFIGS)}" if tensorflow else ""
             parser.error(f"unknown configuration {c!r}; known: {', '.join(CONFIGS)}{extra}, and any "
                          f"sparsifier with {REFERENCE} (the same with the kernels off)")
+    adam_path = [c for c in plan["configs"] if ADAM_PATH in c]
+    if adam_path and args.optimizer != "adamw":
+        parser.error(f"{', '.join(adam_path)}: the Adam path's configurations need --optimizer adamw")
     for model in plan["models"]:
         if args.framework not in WORKLOADS[model].get("frameworks", tuple(WORKERS)):
             parser.error(f"model {model!r} exists only in {', '.join(WORKLOADS[model]['frameworks'])}: "
@@ -771,6 +778,7 @@ def worker_arguments(model: str, net: str, size: int, plan: dict, args: argparse
             repeats = FULL_EXTRA_REPEATS.get((model, net, size), repeats)
     worker_args = ["--model", model, "--batch", str(batch), "--configs", ",".join(plan["configs"]),
                    "--density", str(args.density), "--repeats", str(repeats),
+                   "--optimizer", args.optimizer,
                    *(["--image-size", str(args.image_size)] if args.image_size else []),
                    "--schedule", schedule,
                    "--warmup", str(plan["warmup"]), "--sparse-warmup", str(plan["sparse_warmup"]),

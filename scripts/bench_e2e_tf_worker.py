@@ -36,6 +36,7 @@ import time
 from typing import Any
 
 from bench_e2e_worker import (
+    ADAM_PATH,
     STAT_KEYS,
     agree_on_rank0,
     bandwidth_probe,
@@ -59,6 +60,8 @@ def resolve(config: str) -> tuple[str, dict, str]:
     when it names none."""
     if config in TF_CONFIGS:
         return (*TF_CONFIGS[config], "auto")
+    if ADAM_PATH in config:   # the torch worker's (--optimizer adamw)
+        raise KeyError(config)
     return resolve_shared(config)
 
 
@@ -88,6 +91,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="untimed steps after the timed ones, each followed by stats()")
     parser.add_argument("--schedule", choices=("blocks", "interleaved"), default="blocks")
     parser.add_argument("--probe-mb", type=float, default=32.0)
+    parser.add_argument("--optimizer", choices=("sgd",), default="sgd",
+                        help="plain SGD (AdamW and the Adam path: the PyTorch worker)")
     parser.add_argument("--out", default=None, help="the job's JSON (rank 0)")
     return parser
 

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from e2e_models import MODELS, build
-from e2e_phases import TimedCompression, rank_phases, slowest_rank_phases, timed_sgd
+from e2e_phases import TimedCompression, rank_phases, slowest_rank_phases, timed_optimizer
 
 from hvd_sparse.algorithms.corrections import RECOMMENDED
 
@@ -65,6 +65,13 @@ CONFIGS.update({f"{name}+corr": (CONFIGS[name][0], {**CONFIGS[name][1], **STEADY
 # ... and TopK's and DGC's with a bucket per tensor (packed: the dense_below tensors bundled too).
 CONFIGS.update({f"{name}+corr{UNPACKED}": (CONFIGS[name][0], {**STEADY_RECIPE, "packs_tensors": False})
                 for name in ("topk", "dgc")})
+
+# "<method>+adam": the method on the Adam path (docs/methods.md#adam-and-adamw) of hvd_sparse's
+# AdamW (only with ``--optimizer adamw``), timed in its sparse steps: its dense steps (100) are
+# added to the untimed warm-up (time_to_accuracy.py charges them at dense's step time).
+ADAM_PATH = "+adam"
+CONFIGS.update({f"{name}{ADAM_PATH}": (CONFIGS[name][0], {**CONFIGS[name][1], "adam_path": True})
+                for name in CORRECTED})
 
 # "<config>@ref": the same configuration with the kernels off (the reference path), so one job
 # measures what the kernels change, side by side with everything else.
@@ -175,7 +182,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--stat-steps", type=int, default=2,
                         help="untimed steps after the timed ones, each followed by stats()")
     parser.add_argument("--probe-mb", type=float, default=32.0)
-    parser.add_argument("--lr", type=float, default=0.01)
+    parser.add_argument("--lr", type=float, default=None,
+                        help="the optimizer's learning rate (default: 0.01 for SGD, 1e-3 for AdamW)")
+    parser.add_argument("--optimizer", choices=("sgd", "adamw"), default="sgd",
+                        help="what every configuration steps: plain SGD, or AdamW (weight decay "
+                             "0.01; the +adam configurations: hvd_sparse's AdamW on the Adam path)")
     parser.add_argument("--schedule", choices=("blocks", "interleaved"), default="blocks",
                         help="blocks: per repeat, each configuration in turn, built afresh, "
                              "--steps steps; interleaved: every configuration alive, one step "
@@ -258,7 +269,7 @@ def write_result(args: argparse.Namespace, merged: list[dict], size: int, config
         "model": args.model, "numel": merged[0]["numel"] if merged else None,
         "input_shape": list(spec.input_shape), "unit": spec.unit,
         "items_per_sample": spec.items_per_sample, "batch_per_rank": args.batch, "size": size,
-        "density": args.density,
+        "density": args.density, "optimizer": args.optimizer,
         "schedule": args.schedule, "repeats": args.repeats, "warmup": args.warmup,
         "sparse_warmup": args.sparse_warmup, "settle": args.settle, "steps": args.steps,
         "stat_steps": args.stat_steps,
@@ -305,7 +316,8 @@ def main() -> None:
 
 class Trainer:
     """One configuration: its model (seed 0 on every rank: identical weights, no broadcast), plain
-    SGD wrapped in stock ``hvd.DistributedOptimizer`` with the configuration's ``compression=``."""
+    SGD (or AdamW) wrapped in stock ``hvd.DistributedOptimizer`` with the configuration's
+    ``compression=``."""
 
     def __init__(self, config: str, args, tag: str, hvd, torch, hvd_sparse):
         method, options, self.kernels = resolve(config)
@@ -315,8 +327,9 @@ class Trainer:
         self.model = spec.model
         named = list(self.model.named_parameters())
         self.numel = sum(p.numel() for _, p in named)
-        # SGD that times its own update (scripts/e2e_phases.py: the step's breakdown)
-        optimizer = timed_sgd(torch)(self.model.parameters(), lr=args.lr)
+        options = dict(options)
+        adam_path = options.pop("adam_path", False)
+        optimizer = self._optimizer(args, adam_path, torch)
         self.compressor = self.timing = None
         if method == "horovod":
             self.timing = TimedCompression(getattr(hvd.Compression, options["compression"]))
@@ -324,10 +337,11 @@ class Trainer:
                                                  compression=self.timing)
         elif method != "local":
             options, packs = method_options(options)
+            link = {"optimizer": optimizer} if adam_path else {}
             self.compressor = hvd_sparse.create(method, framework="torch", density=args.density,
                                                 named_parameters=named,
                                                 prefix=f"e2e.{config.replace('@', '-')}.{tag}",
-                                                **options)
+                                                **options, **link)
             self.compressor.algorithm.packs_tensors &= packs
             optimizer = hvd.DistributedOptimizer(optimizer, named_parameters=named,
                                                  compression=self.compressor)
@@ -336,9 +350,25 @@ class Trainer:
         self._loss = spec.loss
         self.settle: dict | None = None   # what --settle did (Job.warm_up)
 
+    def _optimizer(self, args, adam_path: bool, torch):
+        """The configuration's optimizer, timing its own update (scripts/e2e_phases.py: the step's
+        breakdown): SGD, torch's AdamW, or hvd_sparse's AdamW for the Adam path."""
+        if adam_path and args.optimizer != "adamw":
+            raise SystemExit(f"{self.config}: the Adam path's configurations need --optimizer adamw")
+        if args.optimizer == "sgd":
+            return timed_optimizer(torch.optim.SGD)(self.model.parameters(), lr=args.lr or 0.01)
+        import hvd_sparse.torch.optim as optim
+
+        base = optim.AdamW if adam_path else torch.optim.AdamW
+        return timed_optimizer(base)(self.model.parameters(), lr=args.lr or 1e-3, weight_decay=0.01)
+
     def warmup_steps(self, args) -> int:
-        """Sparsifiers get more: their thresholds settle (the first step also plans buckets)."""
-        return args.warmup if self.method in ("horovod", "local") else args.sparse_warmup
+        """Sparsifiers get more: their thresholds settle (the first step also plans buckets); the
+        Adam path's dense steps come first."""
+        if self.method in ("horovod", "local"):
+            return args.warmup
+        dense_steps = self.compressor.algorithm.corrections.dense_steps
+        return dense_steps + args.sparse_warmup
 
     def step(self, x, y) -> list:
         """One training step; seconds of zero_grad + forward, backward (Horovod's hooks and, for

@@ -38,6 +38,9 @@ Models (parameter counts are equal in both frameworks: torch ``parameters()`` an
   embedding 256, two bias-free LSTM layers of 256, an untied decoder over a 10,000-word
   vocabulary; 6.18M parameters, 83% in the embedding and the decoder), 32 tokens per sample, so
   the step times time_to_accuracy.py composes are those of the model it trains.
+- ``word-gpt``: the simulator's transformer task (hvd_sparse/sim/gpt.py: 2 GPT-2 blocks, 128 wide,
+  4 heads, a 4096-word vocabulary, context 64; 0.93M parameters, 56% in the tied embedding),
+  32 tokens per sample: the model of time_to_accuracy.py's ``--task gpt``.
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ CATALOG: dict[str, dict] = {
     "gpt": {"kind": "tokens", "classes": 16384, "unit": "tokens/s", "seq_len": 128, "context": 128},
     "word-lstm": {"kind": "tokens", "classes": 10000, "unit": "tokens/s", "seq_len": 32,
                   "context": None},
+    "word-gpt": {"kind": "tokens", "classes": 4096, "unit": "tokens/s", "seq_len": 32, "context": 64},
 }
 MODELS = tuple(CATALOG)
 

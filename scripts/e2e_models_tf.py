@@ -136,4 +136,8 @@ def build_model(name: str, input_shape: tuple[int, ...], seed: int) -> tf.keras.
         from hvd_sparse.sim.words_tf import keras_word_lstm
 
         return keras_word_lstm(seed)
+    if name == "word-gpt":
+        from hvd_sparse.sim.gpt_tf import keras_gpt
+
+        return keras_gpt(seed)
     raise ValueError(f"unknown model {name!r}")

@@ -158,4 +158,8 @@ def build_model(name: str, input_shape: tuple[int, ...], seed: int) -> nn.Module
         from hvd_sparse.sim.tasks import word_lstm_model
 
         return word_lstm_model(seed)
+    if name == "word-gpt":
+        from hvd_sparse.sim.gpt import gpt_model
+
+        return gpt_model(seed)
     raise ValueError(f"unknown model {name!r}")

@@ -2,7 +2,7 @@
 
 Each rank times its own step (bench_e2e_worker.py): ``zero_grad`` + forward, backward and
 ``optimizer.step()`` by the clock, the SGD update itself by the optimizer's own clock
-(``timed_sgd``), and everything in between from the compressor: an hvd_sparse compressor's
+(``timed_optimizer``), and everything in between from the compressor: an hvd_sparse compressor's
 ``step_times()`` / ``step_marks()`` / ``collective_timeline()`` (docs/usage.md#statistics), and for
 Horovod's own compressions (dense, fp16) a thin wrapper that times their ``compress`` and
 ``decompress`` calls the same way (``TimedCompression``). A rank's step then splits into phases
@@ -43,11 +43,12 @@ DETAILS = ("comm_wait", "late_rank", "accumulate", "select", "select_wait", "exc
            "end_step", "comm_inflight", "comm_hidden", "comm_exposed")
 
 
-def timed_sgd(torch: Any) -> type:
-    """torch.optim.SGD whose ``step`` keeps its duration in ``update_seconds``: Horovod's
-    DistributedOptimizer subclasses the optimizer's class and calls it for the update."""
+def timed_optimizer(base: type) -> type:
+    """The optimizer class ``base`` (torch's SGD or AdamW, hvd_sparse's AdamW) whose ``step`` keeps
+    its duration in ``update_seconds``: Horovod's DistributedOptimizer subclasses the optimizer's
+    class and calls it for the update."""
 
-    class TimedSGD(torch.optim.SGD):
+    class Timed(base):
         update_seconds = 0.0
 
         def step(self, closure=None):
@@ -57,7 +58,8 @@ def timed_sgd(torch: Any) -> type:
             finally:
                 self.update_seconds = time.perf_counter() - began
 
-    return TimedSGD
+    Timed.__name__ = f"Timed{base.__name__}"
+    return Timed
 
 
 class TimedCompression:

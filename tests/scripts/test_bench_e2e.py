@@ -306,3 +306,12 @@ def test_settle_lines_name_what_settling_did():
     text = " ".join(bench_e2e.settle_lines(job))
     assert "micro 230 (density 2.10e-03)" in text and "dgc 600 (NOT settled, density 1.00e-02)" in text
     assert bench_e2e.settle_lines({"records": [{"config": "dense"}]}) == []
+
+
+def test_adam_path_configurations_resolve_in_the_torch_worker_only():
+    method, options, kernels = bench_e2e_worker.resolve("dgc+adam")
+    assert (method, kernels) == ("dgc", "auto")
+    assert options == {"adam_path": True}
+    import bench_e2e_tf_worker
+
+    assert not bench_e2e_tf_worker.known("dgc+adam") and bench_e2e_tf_worker.known("dgc")

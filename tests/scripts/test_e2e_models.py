@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 # torchvision's resnet18/resnet50 (1000 classes); the GPT: 6 x 512, vocabulary 16384, context 128;
-# the word-level LSTM of the time-to-accuracy task (hvd_sparse/sim/tasks.py).
+# the word-level LSTM and the small GPT of the time-to-accuracy studies (hvd_sparse/sim/tasks.py,
+# hvd_sparse/sim/gpt.py).
 COUNTS = {"mlp25m": 25_189_386, "mlp7m": 7_357_450, "cnn": 538_570, "resnet18": 11_689_512,
-          "resnet50": 25_557_032, "gpt": 27_369_472, "word-lstm": 6_178_576}
+          "resnet50": 25_557_032, "gpt": 27_369_472, "word-lstm": 6_178_576, "word-gpt": 929_280}
 
 
 def test_every_model_has_its_count():
@@ -27,7 +28,8 @@ def test_torch_parameter_counts():
 
 
 TINY = [("resnet18", 32, (2, 1000)), ("resnet50", 32, (2, 1000)), ("cnn", None, (2, 10)),
-        ("gpt", None, (2, 8, 16384)), ("word-lstm", None, (2, 8, 10000))]
+        ("gpt", None, (2, 8, 16384)), ("word-lstm", None, (2, 8, 10000)),
+        ("word-gpt", None, (2, 8, 4096))]
 
 
 def forward(spec, framework: str) -> None:
