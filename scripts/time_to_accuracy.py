@@ -1,33 +1,40 @@
 """Time to accuracy: how much sooner each method reaches the quality dense training reaches.
 
-One task, measured both ways and composed:
+Two studies (``--task``), each one task measured both ways and composed:
 
-* **quality per step** -- training curves of the word-level language model (``TASK``: held-out
-  perplexity) in the N-rank simulator (hvd_sparse.sim: the engine and the methods' own code,
-  every rank its own minibatches), at 2 and 4 ranks. Dense trains ``--dense-steps`` steps; the
-  **target** is its final perplexity plus ``--tolerance`` (2%). Every other configuration trains
-  until its held-out perplexity is at or below the target, or for ``--budget`` times dense's steps
-  (then it is reported as not reaching it, with the best perplexity it reached). The learning
-  rate is constant (a schedule that decays over a budget would tie quality to the budget).
-  Horovod's fp16 compression is dense training whose allreduce casts to half precision and sums
-  there (``Fp16Group``).
+* ``word`` (default): the word-level LSTM with SGD, ρ = 0.001, at 2 and 4 ranks, every method
+  plain and with the recommended corrections (``+corr``);
+* ``gpt``: the transformer task (hvd_sparse/sim/gpt.py) with AdamW, ρ = 0.01, at 2 ranks on
+  1 Gbit/s, every seed method, TopK and DGC on the Adam path (``+adam``), ExDyna and TopK plain.
+
+* **quality per step** -- training curves of the task (held-out perplexity) in the N-rank
+  simulator (hvd_sparse.sim: the engine and the methods' own code, every rank its own
+  minibatches). Dense trains the study's ``dense_steps``; the **target** is its final perplexity
+  plus ``TOLERANCE`` (2%). Every other configuration trains until its held-out perplexity is at
+  or below the target, or for the study's ``budget`` times dense's steps (then it is reported as
+  not reaching it, with the best perplexity it reached). The learning rate is constant (a
+  schedule that decays over a budget would tie quality to the budget). Horovod's fp16
+  compression is dense training whose allreduce casts to half precision and sums there
+  (``Fp16Group``).
 * **time per step** -- real Horovod jobs in emulated networks (scripts/bench_e2e.py with the same
-  model, every configuration side by side, ``--nets 1gbit 10gbit --sizes 2 4``): the median step.
-  A corrected configuration (``+corr``) is timed in its steady state (momentum correction, dense
-  small tensors); its warm-up steps, whose density falls from dense to ρ, are charged at dense's
-  step time.
+  model and optimizer, every configuration side by side): the median step. A corrected
+  configuration (``+corr``) is timed in its steady state (momentum correction, dense small
+  tensors), and the Adam path (``+adam``) after its dense steps; warm-up steps, whose density
+  falls from dense to ρ, and the path's dense steps are charged at dense's step time.
 
 time to target = steps to target x seconds per step (warm-up steps at dense's). Speedup over
-dense = dense's time / the method's. ``--validate CONFIG@NET`` trains CONFIG in a real Horovod
-job on that network at 2 ranks all the way to the target (scripts/tta_worker.py) and prints its
-wall-clock time beside the composed estimate.
+dense = dense's time / the method's. ``--validate CONFIG@NET`` (the word study) trains CONFIG in
+a real Horovod job on that network at 2 ranks all the way to the target (scripts/tta_worker.py)
+and prints its wall-clock time beside the composed estimate.
 
     OMP_NUM_THREADS=1 python scripts/time_to_accuracy.py --curves          # simulator curves
     python scripts/time_to_accuracy.py --step-times                         # bench_e2e jobs (root)
+    OMP_NUM_THREADS=1 python scripts/time_to_accuracy.py --task gpt --curves --step-times
     python scripts/time_to_accuracy.py --validate exdyna-tracking@1gbit     # a real run (root)
     python scripts/time_to_accuracy.py                                      # report from saved runs
 
-Writes bench/time-to-accuracy/{tta.json, tta.md, tta.png} (``--out-dir``), after every run:
+Writes bench/time-to-accuracy/{tta.json, tta.md, tta.png} (``--task gpt``:
+bench/time-to-accuracy-gpt/; ``--out-dir``), after every run:
 an interrupted run keeps what it measured and ``--curves`` resumes from it.
 """
 
@@ -40,54 +47,109 @@ import platform
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
 from results import pyplot, save
 
+from hvd_sparse.algorithms.corrections import ADAM_DENSE_STEPS
 from hvd_sparse.sim import words
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-TASK = "word-lstm"
-E2E_MODEL = "word-lstm"
-# The training recipe of every curve (the same for every method): the task's own
-# (hvd_sparse/sim/words.py: SGD with momentum 0.9 at a constant learning rate of 4, the averaged
-# gradient's norm clipped to 1, 16 windows of 32 tokens per rank), evaluated every 50 steps.
-RECIPE = {key: words.RECIPE[key] for key in ("lr", "momentum", "clip_norm", "batch_size")}
-RECIPE["evaluate_every"] = 50
-DENSITY = 0.001
 SPARSE = ("exdyna-tracking", "micro", "deft", "lags", "topk", "dgc")
 SEED_METHODS = ("exdyna-tracking", "micro", "deft", "lags")
-CONFIGS = ("dense", "fp16", *SPARSE, *(f"{m}+corr" for m in SPARSE))
-WORLD_SIZES = (2, 4)
-NETS = ("1gbit", "10gbit")
-DENSE_STEPS = 500   # half the task's 1000-step budget: every curve at 2 ranks fits in about two hours here
 BUDGET = 5.0
 TOLERANCE = 0.02
+
+
+@dataclass(frozen=True)
+class Setup:
+    """One time-to-accuracy study: the simulator's task and the bench_e2e model that is the same
+    network, the training recipe every configuration shares, the configurations, where they are
+    timed, and the target (dense's perplexity after ``dense_steps`` + ``TOLERANCE``)."""
+
+    name: str
+    task: str
+    e2e_model: str
+    recipe: dict
+    density: float
+    configs: tuple[str, ...]
+    world_sizes: tuple[int, ...]
+    nets: tuple[str, ...]
+    dense_steps: int
+    budget: float
+    out_dir: Path
+    optimizer: str = "sgd"        # what the step-time jobs step (bench_e2e.py --optimizer)
+    judged_suffix: str = ""       # the seed methods' variant judged alone ("+adam"); "": the better
+
+    def training(self, name: str) -> tuple[str, dict, float, dict]:
+        """(simulator method, options, density, the simulator's optimizer arguments) of a
+        configuration; fp16 is dense (its transport is emulated by ``Fp16Group``)."""
+        if self.optimizer == "adamw":
+            return adamw_training(self, name)
+        return sgd_training(self, name)
+
+    def warmup_steps(self, name: str) -> int:
+        """Steps of a configuration's warm-up or dense steps (denser than ρ): charged at dense's
+        step time."""
+        if name.endswith(ADAM_PATH):
+            return int(self.training(name)[1].get("dense_steps", ADAM_DENSE_STEPS))
+        return int(self.training(name)[1].get("warmup_steps", 0)) if name != "fp16" else 0
+
+
+def sgd_training(setup: Setup, name: str) -> tuple[str, dict, float, dict]:
+    """The word task's configurations: the convergence runs' own definitions
+    (scripts/convergence.py), so both scripts mean the same thing by a name."""
+    from convergence import METHODS
+
+    config = METHODS["dense" if name == "fp16" else name]
+    recipe = {key: setup.recipe[key] for key in ("lr", "clip_norm", "batch_size")}
+    recipe["momentum"] = setup.recipe["momentum"] if config.momentum is None else config.momentum
+    return config.method, dict(config.options), setup.density * config.density_scale, recipe
+
+
+def adamw_training(setup: Setup, name: str) -> tuple[str, dict, float, dict]:
+    """The transformer task's configurations: scripts/adam_quality.py's methods, plain (torch's
+    AdamW on the sparse average) or on the Adam path (``+adam``)."""
+    from adam_quality import METHODS
+
+    base = name.removesuffix(ADAM_PATH)
+    method, options = ("dense", {}) if base in ("dense", "fp16") else METHODS[base]
+    recipe = {key: setup.recipe[key] for key in ("lr", "batch_size", "optimizer", "weight_decay")}
+    return method, dict(options), setup.density, {**recipe, "adam_path": name.endswith(ADAM_PATH)}
+
+
+ADAM_PATH = "+adam"
 OUT_DIR = REPO / "bench" / "time-to-accuracy"
+# The word-level LSTM with SGD (hvd_sparse/sim/words.py's recipe: momentum 0.9 at a constant
+# learning rate of 4, the averaged gradient's norm clipped to 1, 16 windows of 32 tokens per
+# rank), evaluated every 50 steps; dense trains 500 steps, half the task's 1000-step budget:
+# every curve at 2 ranks fits in about two hours here.
+WORD = Setup(
+    name="word", task="word-lstm", e2e_model="word-lstm",
+    recipe={**{key: words.RECIPE[key] for key in ("lr", "momentum", "clip_norm", "batch_size")},
+            "evaluate_every": 50},
+    density=0.001, configs=("dense", "fp16", *SPARSE, *(f"{m}+corr" for m in SPARSE)),
+    world_sizes=(2, 4), nets=("1gbit", "10gbit"), dense_steps=500, budget=BUDGET, out_dir=OUT_DIR)
+# The transformer task with AdamW (scripts/adam_quality.py's recipe: lr 1e-3, weight decay 0.01,
+# 8 windows of 32 tokens per rank) at ρ = 0.01, every seed method, TopK and DGC on the Adam path
+# and ExDyna and TopK plain beside them; dense trains 1000 steps.
+GPT = Setup(
+    name="gpt", task="gpt", e2e_model="word-gpt",
+    recipe={"lr": 1e-3, "batch_size": 8, "optimizer": "adamw", "weight_decay": 0.01,
+            "evaluate_every": 50},
+    density=0.01, configs=("dense", "fp16", *(f"{m}{ADAM_PATH}" for m in SPARSE), "exdyna-tracking",
+                           "topk"),
+    world_sizes=(2,), nets=("1gbit",), dense_steps=1000, budget=3.0,
+    out_dir=REPO / "bench" / "time-to-accuracy-gpt", optimizer="adamw", judged_suffix=ADAM_PATH)
+SETUPS = {setup.name: setup for setup in (WORD, GPT)}
 
 
 class ReachedTargetError(Exception):
     """Raised from the simulator's record callback: the curve has reached the target."""
-
-
-def training_config(name: str) -> tuple[str, dict, float, float]:
-    """(simulator method, options, density, optimizer momentum) of a configuration: the
-    convergence runs' own definitions (scripts/convergence.py), so both scripts mean the same
-    thing by a name. fp16 is dense (its transport is emulated by ``Fp16Group``)."""
-    from convergence import METHODS
-
-    config = METHODS["dense" if name == "fp16" else name]
-    momentum = RECIPE["momentum"] if config.momentum is None else config.momentum
-    return config.method, dict(config.options), DENSITY * config.density_scale, momentum
-
-
-def warmup_steps(name: str) -> int:
-    """Steps of a configuration's warm-up (its density falls from dense to ρ): charged at dense's
-    step time."""
-    return int(training_config(name)[1].get("warmup_steps", 0)) if name != "fp16" else 0
 
 
 # --- quality per step: the simulator's curves ------------------------------------------------------
@@ -110,12 +172,12 @@ def fp16_group_class():
     return Fp16Group
 
 
-def train_curve(name: str, world_size: int, steps: int, target: float | None) -> dict:
-    """One configuration's held-out perplexity every ``RECIPE['evaluate_every']`` steps, for
+def train_curve(setup: Setup, name: str, world_size: int, steps: int, target: float | None) -> dict:
+    """One configuration's held-out perplexity every ``recipe['evaluate_every']`` steps, for
     ``steps`` steps or until it is at or below ``target``."""
     import hvd_sparse.sim as sim
 
-    method, options, density, momentum = training_config(name)
+    method, options, density, optimizer = setup.training(name)
     curve: list[list[float]] = []
 
     def on_record(record: dict) -> None:
@@ -128,10 +190,9 @@ def train_curve(name: str, world_size: int, steps: int, target: float | None) ->
     transport = (mock.patch.object(sim, "LocalGroup", fp16_group_class()) if name == "fp16"
                  else contextlib.nullcontext())
     with transport, contextlib.suppress(ReachedTargetError):
-        sim.simulate(method, world_size, steps, density=density, task=TASK, options=options,
-                     batch_size=RECIPE["batch_size"], lr=RECIPE["lr"], momentum=momentum,
-                     clip_norm=RECIPE["clip_norm"], schedule="constant",
-                     evaluate_every=RECIPE["evaluate_every"], on_record=on_record)
+        sim.simulate(method, world_size, steps, density=density, task=setup.task, options=options,
+                     schedule="constant", evaluate_every=setup.recipe["evaluate_every"],
+                     on_record=on_record, **optimizer)
     return {"config": name, "world_size": world_size, "steps_allowed": steps, "curve": curve,
             "seconds": round(time.perf_counter() - began, 1)}
 
@@ -145,22 +206,22 @@ def curve_key(name: str, world_size: int) -> str:
     return f"{name}/{world_size}"
 
 
-def run_curves(report: dict, configs: list[str], sizes: list[int], save_report) -> None:
+def run_curves(setup: Setup, report: dict, configs: list[str], sizes: list[int], save_report) -> None:
     """Dense first at each world size (it sets the target), then every configuration until it
     reaches the target or its budget; runs already in the report are kept."""
     for world_size in sizes:
         dense_key = curve_key("dense", world_size)
         if dense_key not in report["curves"]:
-            report["curves"][dense_key] = train_curve("dense", world_size, DENSE_STEPS, None)
+            report["curves"][dense_key] = train_curve(setup, "dense", world_size, setup.dense_steps, None)
             save_report()
         target = target_of(report, world_size)
         print(f"[tta] {world_size} ranks: dense {report['curves'][dense_key]['curve'][-1][1]:.2f} "
-              f"after {DENSE_STEPS} steps; target {target:.2f}", flush=True)
+              f"after {setup.dense_steps} steps; target {target:.2f}", flush=True)
         for name in configs:
             key = curve_key(name, world_size)
             if name == "dense" or key in report["curves"]:
                 continue
-            run = train_curve(name, world_size, int(BUDGET * DENSE_STEPS), target)
+            run = train_curve(setup, name, world_size, int(setup.budget * setup.dense_steps), target)
             report["curves"][key] = run
             reached = steps_to_target(run["curve"], target)
             print(f"[tta] {key:28s} {'reached at step ' + str(reached) if reached else 'not reached'}"
@@ -179,26 +240,27 @@ def e2e_config(name: str) -> str:
     return name
 
 
-def measure_step_times(out_dir: Path, configs: list[str], sizes: list[int], nets: list[str],
-                       repeats: int) -> Path:
+def measure_step_times(setup: Setup, out_dir: Path, configs: list[str], sizes: list[int],
+                       nets: list[str], repeats: int) -> Path:
     """Run scripts/bench_e2e.py on the task's model; returns its JSON."""
     out = out_dir / "step-times"
-    cmd = [sys.executable, str(HERE / "bench_e2e.py"), "--models", E2E_MODEL,
+    cmd = [sys.executable, str(HERE / "bench_e2e.py"), "--models", setup.e2e_model,
            "--nets", *nets, "--sizes", *map(str, sizes),
            "--configs", ",".join(dict.fromkeys(["local", *map(e2e_config, configs)])),
+           "--density", repr(setup.density), "--optimizer", setup.optimizer,
            "--repeats", str(repeats), "--out", str(out)]
     print("[tta] " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
     return Path(f"{out}.json")
 
 
-def load_step_times(paths: list[Path]) -> dict:
+def load_step_times(setup: Setup, paths: list[Path]) -> dict:
     """{net: {world size: {configuration: median step seconds}}} from bench_e2e JSONs (a later
     file's job replaces an earlier one's)."""
     times: dict = {}
     for path in paths:
         for job in json.loads(path.read_text())["jobs"]:
-            if job.get("model") != E2E_MODEL or job.get("framework", "torch") != "torch":
+            if job.get("model") != setup.e2e_model or job.get("framework", "torch") != "torch":
                 continue
             rows = {c: row["step_seconds"]["median"] for c, row in job["summary"].items()}
             times.setdefault(job["net"], {})[str(job["size"])] = rows
@@ -219,7 +281,7 @@ def compose_one(curve: list[list[float]], target: float, step: float | None, den
     return row
 
 
-def compose(report: dict) -> dict:
+def compose(setup: Setup, report: dict) -> dict:
     """{net: {world size: {configuration: row}}} with each row's speedup over dense."""
     table: dict = {}
     for net, by_size in report.get("step_times", {}).items():
@@ -229,11 +291,11 @@ def compose(report: dict) -> dict:
                 continue
             target = target_of(report, int(size))
             rows = {}
-            for name in CONFIGS:
+            for name in setup.configs:
                 run = report["curves"].get(curve_key(name, int(size)))
                 if run and run["curve"]:
                     rows[name] = compose_one(run["curve"], target, steps.get(e2e_config(name)),
-                                             steps["dense"], warmup_steps(name))
+                                             steps["dense"], setup.warmup_steps(name))
             dense_seconds = rows.get("dense", {}).get("seconds")
             for row in rows.values():
                 if dense_seconds and row.get("seconds"):
@@ -251,9 +313,33 @@ def best_variant(rows: dict, method: str) -> tuple[str, float]:
     return max(options, key=lambda item: item[1]) if options else (f"{method} (no curve)", 0.0)
 
 
-def judge(table: dict) -> list[dict]:
-    """The issue's targets (moonshots), met or not, with the figures; each seed method, TopK and
-    fp16 at its better variant (plain or with the recipe)."""
+def judge(setup: Setup, table: dict) -> list[dict]:
+    """The issues' targets of the study, met or not, with the figures."""
+    return judge_adam(setup, table) if setup.judged_suffix else judge_sgd(table)
+
+
+def judge_adam(setup: Setup, table: dict) -> list[dict]:
+    """Issue 35's target: at 2 ranks and 1 Gbit/s, each seed method on the Adam path reaches
+    dense's perplexity, and sooner than dense."""
+    out = []
+    rows = table.get("1gbit", {}).get("2", {}).get("rows", {})
+    if not rows:
+        return out
+    for method in SEED_METHODS:
+        name = f"{method}{setup.judged_suffix}"
+        row = rows.get(name)
+        measured = ("no curve" if row is None else f"not reached in {row['steps_run']} steps "
+                    f"(best {row['best']:.2f})" if row["steps"] is None
+                    else f"step {row['steps']}, {row.get('speedup', 0.0):.2f}x dense's speed")
+        out.append({"target": f"2 ranks, 1 Gbit/s: {name} reaches dense's perplexity, sooner than dense",
+                    "measured": measured,
+                    "met": row is not None and row.get("speedup", 0.0) > 1.0})
+    return out
+
+
+def judge_sgd(table: dict) -> list[dict]:
+    """Issue 20's targets (moonshots) on the word task, met or not, with the figures; each seed
+    method, TopK and fp16 at its better variant (plain or with the recipe)."""
     out = []
     one = table.get("1gbit", {})
     if "2" in one:
@@ -285,13 +371,14 @@ def judge(table: dict) -> list[dict]:
 
 
 # --- the report ------------------------------------------------------------------------------------
-def markdown(report: dict, table: dict, targets: list[dict], figure: str | None) -> str:
+def markdown(setup: Setup, report: dict, table: dict, targets: list[dict], figure: str | None) -> str:
     """Tables (one per network and world size), the validation runs and the targets."""
-    lines = ["# Time to accuracy", "",
-             f"Task `{TASK}` (held-out perplexity), ρ = {DENSITY:g}, recipe {RECIPE}; target: dense's "
-             f"perplexity after {DENSE_STEPS} steps + {TOLERANCE:.0%}; budget {BUDGET:g}x dense's "
-             "steps. Curves from the simulator, step times from real Horovod jobs "
-             "(scripts/bench_e2e.py); warm-up steps charged at dense's step time.", ""]
+    lines = [f"# Time to accuracy (`{setup.task}` task)", "",
+             f"Task `{setup.task}` (held-out perplexity), ρ = {setup.density:g}, recipe {setup.recipe}; "
+             f"target: dense's perplexity after {setup.dense_steps} steps + {TOLERANCE:.0%}; budget "
+             f"{setup.budget:g}x dense's steps. Curves from the simulator, step times from real "
+             f"Horovod jobs (scripts/bench_e2e.py, model `{setup.e2e_model}`); warm-up steps and the "
+             "Adam path's dense steps charged at dense's step time.", ""]
     for net, by_size in table.items():
         for size, entry in sorted(by_size.items()):
             local = entry.get("local_step_seconds")
@@ -309,7 +396,7 @@ def markdown(report: dict, table: dict, targets: list[dict], figure: str | None)
                 seconds = f"{row['seconds']:.0f}" if row.get("seconds") else "-"
                 speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
                 lines.append(f"| {name} | {steps} | {row['best']:.2f} | {step_ms} | {seconds} | {speedup} |")
-            missing = [name for name in CONFIGS if name not in entry["rows"]]
+            missing = [name for name in setup.configs if name not in entry["rows"]]
             if missing:
                 lines.append(f"\nNo curve at {size} ranks yet: {', '.join(missing)}.")
             lines.append("")
@@ -336,7 +423,7 @@ def wall_clock(curve: list[list[float]], step: float, dense_step: float, warmup:
     return [min(s, warmup) * dense_step + max(0.0, s - warmup) * step for s, _ in curve]
 
 
-def plot(report: dict, table: dict, out_dir: Path) -> str | None:
+def plot(setup: Setup, report: dict, table: dict, out_dir: Path) -> str | None:
     """Perplexity against wall-clock time, one panel per network and world size, one curve per
     configuration; the target as a dotted line."""
     plt = pyplot()
@@ -346,13 +433,14 @@ def plot(report: dict, table: dict, out_dir: Path) -> str | None:
     figure, axes = plt.subplots(1, len(panels), figsize=(5.5 * len(panels), 4.2), squeeze=False)
     for ax, (net, size) in zip(axes[0], panels, strict=True):
         steps = report["step_times"][net][size]
-        for name in CONFIGS:
+        for name in setup.configs:
             run = report["curves"].get(curve_key(name, int(size)))
             if not run or e2e_config(name) not in steps:
                 continue
-            x = wall_clock(run["curve"], steps[e2e_config(name)], steps["dense"], warmup_steps(name))
+            x = wall_clock(run["curve"], steps[e2e_config(name)], steps["dense"],
+                           setup.warmup_steps(name))
             ax.plot(x, [v for _, v in run["curve"]], label=name,
-                    linestyle="--" if name.endswith("+corr") else "-", linewidth=1.2)
+                    linestyle="--" if name.endswith(("+corr", ADAM_PATH)) else "-", linewidth=1.2)
         ax.axhline(table[net][size]["target"], color="grey", linestyle=":", linewidth=1)
         ax.set(title=f"{net}, {size} ranks", xlabel="wall-clock seconds (composed)",
                ylabel="held-out perplexity", xscale="log", yscale="log")
@@ -361,7 +449,7 @@ def plot(report: dict, table: dict, out_dir: Path) -> str | None:
 
 
 # --- validation: a real Horovod run to the target ------------------------------------------------------
-def validate(spec: str, report: dict, timeout: float) -> dict:
+def validate(setup: Setup, spec: str, report: dict, timeout: float) -> dict:
     """Train ``CONFIG@NET`` in a real 2-rank Horovod job in that emulated network until the
     2-rank target (or the budget): steps and wall-clock seconds of training (evaluations
     excluded), from scripts/tta_worker.py."""
@@ -370,17 +458,17 @@ def validate(spec: str, report: dict, timeout: float) -> dict:
     import bench_e2e
 
     name, _, net = spec.partition("@")
-    if name not in CONFIGS or bench_e2e.rate_bits(net) is None:
-        raise SystemExit(f"--validate expects CONFIG@RATE with CONFIG in {', '.join(CONFIGS)} and a "
-                         f"tc rate such as 1gbit, got {spec!r}")
-    method, options, density, momentum = training_config(name)
+    if name not in setup.configs or bench_e2e.rate_bits(net) is None:
+        raise SystemExit(f"--validate expects CONFIG@RATE with CONFIG in {', '.join(setup.configs)} "
+                         f"and a tc rate such as 1gbit, got {spec!r}")
+    method, options, density, optimizer = setup.training(name)
     workdir = Path(tempfile.mkdtemp(prefix="tta."))
     out = workdir / "run.json"
     worker_args = ["--config", name, "--method", "horovod-fp16" if name == "fp16" else method,
                    "--options", json.dumps(options), "--density", repr(density),
-                   "--momentum", repr(momentum), "--recipe", json.dumps(RECIPE), "--task", TASK,
-                   "--target", repr(target_of(report, 2)),
-                   "--max-steps", str(int(BUDGET * DENSE_STEPS)), "--out", str(out)]
+                   "--momentum", repr(optimizer["momentum"]), "--recipe", json.dumps(setup.recipe),
+                   "--task", setup.task, "--target", repr(target_of(report, 2)),
+                   "--max-steps", str(int(setup.budget * setup.dense_steps)), "--out", str(out)]
     print("[tta] " + bench_e2e.netns("up", "2", net), flush=True)
     try:
         bench_e2e.launch_gloo(2, worker_args, workdir, timeout, namespaces=True,
@@ -393,7 +481,11 @@ def validate(spec: str, report: dict, timeout: float) -> dict:
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    """The command line; ``--configs``, ``--sizes``, ``--nets`` and ``--out-dir`` default to the
+    study's (``--task``)."""
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--task", choices=sorted(SETUPS), default=WORD.name,
+                        help="word: the word LSTM with SGD; gpt: the transformer with AdamW")
     parser.add_argument("--curves", action="store_true", help="train the simulator's curves")
     parser.add_argument("--step-times", action="store_true", help="time every configuration in "
                         "real Horovod jobs (scripts/bench_e2e.py; emulated networks need root)")
@@ -404,56 +496,75 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "another world size trained in parallel into another --out-dir) "
                              "into this report")
     parser.add_argument("--validate", nargs="+", default=[], metavar="CONFIG@NET")
-    parser.add_argument("--configs", nargs="+", choices=CONFIGS, default=list(CONFIGS))
-    parser.add_argument("--sizes", nargs="+", type=int, default=list(WORLD_SIZES))
-    parser.add_argument("--nets", nargs="+", default=list(NETS))
+    parser.add_argument("--configs", nargs="+")
+    parser.add_argument("--sizes", nargs="+", type=int)
+    parser.add_argument("--nets", nargs="+")
     parser.add_argument("--repeats", type=int, default=5, help="bench_e2e visits per configuration")
     parser.add_argument("--job-timeout", type=float, default=7200)
-    parser.add_argument("--out-dir", type=Path, default=OUT_DIR)
-    return parser.parse_args(argv)
+    parser.add_argument("--out-dir", type=Path)
+    args = parser.parse_args(argv)
+    args.setup = SETUPS[args.task]
+    unknown = sorted(set(args.configs or ()) - set(args.setup.configs))
+    if unknown:
+        parser.error(f"--task {args.task} has no configurations {unknown}; it has "
+                     f"{', '.join(args.setup.configs)}")
+    if args.validate and args.setup.optimizer != "sgd":
+        parser.error("--validate trains with SGD (scripts/tta_worker.py): only --task word")
+    args.configs = args.configs or list(args.setup.configs)
+    args.sizes = args.sizes or list(args.setup.world_sizes)
+    args.nets = args.nets or list(args.setup.nets)
+    args.out_dir = args.out_dir or args.setup.out_dir
+    return args
 
 
-def main() -> None:
-    """Measure what was asked (curves, step times, real runs), then write the report from
-    everything measured so far."""
-    args = parse_args()
-    args.out_dir.mkdir(parents=True, exist_ok=True)
-    out_json = args.out_dir / "tta.json"
-    report = json.loads(out_json.read_text()) if out_json.exists() else {"curves": {}}
-    report.update(task=TASK, recipe=RECIPE, density=DENSITY, dense_steps=DENSE_STEPS, budget=BUDGET,
-                  tolerance=TOLERANCE, python=platform.python_version())
-
-    def save_report() -> None:
-        out_json.write_text(json.dumps(report, indent=1))
-
-    for path in args.merge_from:
+def merge(report: dict, paths: list[Path]) -> None:
+    """Take the curves and real runs of other reports (``--merge-from``) into ``report``."""
+    for path in paths:
         other = json.loads(path.read_text())
         for key, run in other["curves"].items():
             report["curves"].setdefault(key, run)
         known = {(v["config"], v["net"]) for v in report.get("validations", [])}
         report.setdefault("validations", []).extend(
             v for v in other.get("validations", []) if (v["config"], v["net"]) not in known)
+
+
+def main() -> None:
+    """Measure what was asked (curves, step times, real runs), then write the report from
+    everything measured so far."""
+    args = parse_args()
+    setup = args.setup
+    args.out_dir.mkdir(parents=True, exist_ok=True)
+    out_json = args.out_dir / "tta.json"
+    report = json.loads(out_json.read_text()) if out_json.exists() else {"curves": {}}
+    report.update(task=setup.task, recipe=setup.recipe, density=setup.density,
+                  dense_steps=setup.dense_steps, budget=setup.budget, tolerance=TOLERANCE,
+                  python=platform.python_version())
+
+    def save_report() -> None:
+        out_json.write_text(json.dumps(report, indent=1))
+
+    merge(report, args.merge_from)
     if args.curves:
         import torch
 
         torch.set_num_threads(1)
-        run_curves(report, args.configs, args.sizes, save_report)
+        run_curves(setup, report, args.configs, args.sizes, save_report)
     sources = list(args.step_times_from)
     if args.step_times:
-        sources.append(measure_step_times(args.out_dir, args.configs, args.sizes, args.nets,
+        sources.append(measure_step_times(setup, args.out_dir, args.configs, args.sizes, args.nets,
                                           args.repeats))
     if sources:
-        report["step_times"] = {**report.get("step_times", {}), **load_step_times(sources)}
+        report["step_times"] = {**report.get("step_times", {}), **load_step_times(setup, sources)}
         report["step_time_sources"] = [str(p) for p in sources]
     for spec in args.validate:
-        report.setdefault("validations", []).append(validate(spec, report, args.job_timeout))
+        report.setdefault("validations", []).append(validate(setup, spec, report, args.job_timeout))
         save_report()
-    table = compose(report)
-    targets = judge(table)
+    table = compose(setup, report)
+    targets = judge(setup, table)
     report.update(table=table, targets=targets)
     save_report()
-    figure = plot(report, table, args.out_dir)
-    (args.out_dir / "tta.md").write_text(markdown(report, table, targets, figure))
+    figure = plot(setup, report, table, args.out_dir)
+    (args.out_dir / "tta.md").write_text(markdown(setup, report, table, targets, figure))
     for t in targets:
         print(f"[tta] {'met' if t['met'] else 'NOT met'}: {t['target']} -- {t['measured']}")
     print(f"[tta] wrote {out_json} and {args.out_dir / 'tta.md'}", flush=True)

@@ -4,6 +4,7 @@ the early stop of a curve at the target."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from unittest import mock
 
@@ -43,7 +44,7 @@ def synthetic_report() -> dict:
 
 def test_composition_gives_speedups_over_dense_and_unreached_rows():
     report = synthetic_report()
-    table = tta.compose(report)
+    table = tta.compose(tta.WORD, report)
     entry = table["1gbit"]["2"]
     assert entry["target"] == pytest.approx(5.0 * (1 + tta.TOLERANCE))
     rows = entry["rows"]
@@ -52,23 +53,23 @@ def test_composition_gives_speedups_over_dense_and_unreached_rows():
     assert rows["fp16"]["speedup"] == pytest.approx(1.0 / 0.6)
     assert rows["exdyna-tracking"]["speedup"] == pytest.approx(1000.0 / 150.0)
     assert rows["topk"]["steps"] is None and "speedup" not in rows["topk"]
-    targets = tta.judge(table)
+    targets = tta.judge(tta.WORD, table)
     exdyna = next(t for t in targets if "exdyna-tracking" in t["target"])
     assert exdyna["met"] and "6.67x" in exdyna["measured"]
     assert not next(t for t in targets if "micro" in t["target"])["met"]   # no curve: 0x
-    text = tta.markdown(report, table, targets, None)
+    text = tta.markdown(tta.WORD, report, table, targets, None)
     assert "| exdyna-tracking | 1500 | 5.00 | 100 | 150 | 6.67x |" in text
     assert "| topk | not in 5000 | 6.00 | 200 | - | - |" in text
 
 
 def test_step_times_come_from_bench_e2e_jobs_of_the_task_model(tmp_path):
-    job = {"model": tta.E2E_MODEL, "net": "1gbit", "size": 2,
+    job = {"model": tta.WORD.e2e_model, "net": "1gbit", "size": 2,
            "summary": {"dense": {"step_seconds": {"median": 0.5}},
                        "exdyna-tracking": {"step_seconds": {"median": 0.1}}}}
     other = dict(job, model="mlp25m")
     path = tmp_path / "e2e.json"
     path.write_text(json.dumps({"jobs": [other, job]}))
-    assert tta.load_step_times([path]) == {"1gbit": {"2": {"dense": 0.5, "exdyna-tracking": 0.1}}}
+    assert tta.load_step_times(tta.WORD, [path]) == {"1gbit": {"2": {"dense": 0.5, "exdyna-tracking": 0.1}}}
 
 
 def test_fp16_transport_rounds_the_allreduce_to_half_precision():
@@ -83,11 +84,45 @@ def test_fp16_transport_rounds_the_allreduce_to_half_precision():
     assert half[-1]["loss"] == pytest.approx(plain[-1]["loss"], rel=1e-2)   # ... only slightly
 
 
-def test_a_curve_stops_at_the_target(monkeypatch):
+def test_a_curve_stops_at_the_target():
     torch.set_num_threads(1)
-    monkeypatch.setattr(tta, "TASK", "lstm")
-    monkeypatch.setattr(tta, "RECIPE", dict(tta.RECIPE, evaluate_every=2, lr=1.0))
-    run = tta.train_curve("exdyna-tracking", 2, 50, target=1e9)
+    setup = dataclasses.replace(tta.WORD, task="lstm", recipe=dict(tta.WORD.recipe, evaluate_every=2,
+                                                                   lr=1.0))
+    run = tta.train_curve(setup, "exdyna-tracking", 2, 50, target=1e9)
     assert [step for step, _ in run["curve"]] == [2]
-    full = tta.train_curve("dense", 2, 4, target=None)
+    full = tta.train_curve(setup, "dense", 2, 4, target=None)
     assert [step for step, _ in full["curve"]] == [2, 4]
+
+
+def test_the_transformer_study_trains_with_adamw_and_charges_the_dense_steps():
+    method, options, density, optimizer = tta.GPT.training("exdyna-tracking+adam")
+    assert (method, options, density) == ("exdyna", {"threshold_scaling": "tracking"}, 0.01)
+    assert optimizer == {"lr": 1e-3, "batch_size": 8, "optimizer": "adamw", "weight_decay": 0.01,
+                         "adam_path": True}
+    assert tta.GPT.training("topk")[3]["adam_path"] is False
+    assert tta.GPT.training("fp16")[0] == "dense"
+    assert tta.GPT.warmup_steps("micro+adam") == 100 and tta.GPT.warmup_steps("topk") == 0
+    assert tta.WORD.warmup_steps("exdyna-tracking+corr") > 0
+
+
+def test_the_transformer_study_judges_each_seed_method_on_the_adam_path():
+    rows = {"dense": {"steps": 1000, "best": 40.0, "steps_run": 1000, "speedup": 1.0},
+            "exdyna-tracking+adam": {"steps": 1500, "best": 40.5, "steps_run": 1500, "speedup": 1.2},
+            "micro+adam": {"steps": 2500, "best": 40.7, "steps_run": 2500, "speedup": 0.8},
+            "deft+adam": {"steps": None, "best": 44.0, "steps_run": 3000}}
+    targets = tta.judge(tta.GPT, {"1gbit": {"2": {"target": 40.8, "rows": rows}}})
+    verdicts = {t["target"].split(": ")[1].split()[0]: (t["met"], t["measured"]) for t in targets}
+    assert verdicts["exdyna-tracking+adam"] == (True, "step 1500, 1.20x dense's speed")
+    assert verdicts["micro+adam"][0] is False                     # reached, but later than dense
+    assert verdicts["deft+adam"] == (False, "not reached in 3000 steps (best 44.00)")
+    assert verdicts["lags+adam"] == (False, "no curve")
+
+
+def test_the_command_line_takes_the_study_defaults_and_refuses_other_configurations():
+    args = tta.parse_args(["--task", "gpt"])
+    assert args.configs == list(tta.GPT.configs) and args.sizes == [2] and args.nets == ["1gbit"]
+    assert args.out_dir == tta.GPT.out_dir
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--task", "gpt", "--configs", "micro+corr"])
+    with pytest.raises(SystemExit):
+        tta.parse_args(["--task", "gpt", "--validate", "dense@1gbit"])
