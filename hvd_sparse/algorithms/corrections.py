@@ -1,5 +1,5 @@
-"""Corrections around any selection: momentum correction, warm-up, dense small tensors, the
-Adam path.
+"""Corrections around any selection: momentum correction, warm-up, dense small tensors, local
+gradient clipping, the Adam path.
 
 Every method takes these keyword options (``hs.ExDyna(density=0.001, momentum=0.9,
 warmup_steps=500, dense_below=1024)``); they are applied once, by the engine, never by a method:
@@ -17,6 +17,10 @@ warmup_steps=500, dense_below=1024)``); they are applied once, by the engine, ne
 * ``dense_below``: tensors with fewer than E entries (biases, norm scales) are taken out of the
   sparse buckets and averaged densely, in one bucket of their own for whole-model and grouped
   scopes, one bucket each for per-tensor scopes.
+* ``clip_norm``: local gradient clipping (DGC's): on a sparse step each rank scales its
+  gradient, per bucket (per tensor in a bucket packing per-tensor steps), to an L2 norm of at most
+  ``clip_norm / sqrt(N)`` before accumulating it, so that no burst of gradient enters the
+  residual and is released later, stale. Error feedback then conserves the clipped gradient.
 * ``adam`` (``AdamPath``; the faces set it from ``optimizer=``): error feedback on each rank's
   own Adam update after dense steps of Adam on the average (``AdamPath``'s docstring).
 * ``total_steps``: the length of the run, when known: the dense steps and the warm-up must end
@@ -121,6 +125,7 @@ class CorrectionOptions(TypedDict, total=False):
     dense_steps: int
     warmup_steps: int
     dense_below: int
+    clip_norm: float | None
     adam: AdamPath | None
     total_steps: int | None
 
@@ -138,6 +143,10 @@ class Corrections:
             ``adam``, ``ADAM_DENSE_STEPS``).
         warmup_steps: steps over which the density falls exponentially from 1 to ``density``.
         dense_below: tensors with fewer entries than this are averaged densely (0: none).
+        clip_norm: local gradient clipping: each rank's gradient of a sparse bucket is scaled to
+            an L2 norm of at most ``clip_norm / sqrt(N)`` before it is accumulated (None: off).
+            The dense recipe's clipping norm, or 1.0 where it has none: it keeps bursts out of
+            the residual at small k (docs/methods.md#corrections).
         adam: the Adam path (``AdamPath``), which the faces set from their ``optimizer=``.
         total_steps: the run's length in steps, when known: checked against the dense steps and
             the warm-up, which must end before it.
@@ -149,6 +158,7 @@ class Corrections:
     dense_steps: int | None = None
     warmup_steps: int = 0
     dense_below: int = 0
+    clip_norm: float | None = None
     adam: AdamPath | None = None
     total_steps: int | None = None
 
@@ -176,6 +186,13 @@ class Corrections:
             object.__setattr__(self, option, int(value))
         if self.nesterov and self.momentum == 0.0:
             raise ConfigurationError("nesterov=True needs momentum > 0 (e.g. momentum=0.9)")
+        clip = self.clip_norm
+        if clip is not None:
+            if not is_real(clip) or not math.isfinite(clip) or clip <= 0:
+                raise ConfigurationError(
+                    f"clip_norm must be in (0, inf): a positive number (e.g. 1.0; None turns local "
+                    f"clipping off), got {clip!r}")
+            object.__setattr__(self, "clip_norm", float(clip))
         self._check_adam()
         self._check_total_steps()
 

@@ -32,7 +32,8 @@ Options (off in paper mode):
 
 * ``clip_norm``: local gradient clipping before accumulation, each rank scaling its bucket's
   gradient to an L2 norm of at most ``clip_norm / sqrt(N)`` (the paper's ``N^-1/2`` rule; the
-  authors' code takes a clipping function and clips nothing by default).
+  authors' code takes a clipping function and clips nothing by default). It is the engine's
+  correction, which every method has (algorithms/corrections.py, engine/clipping.py).
 
 Not reproduced: the authors' training script sends 1-D parameters (biases, batch norm) densely;
 here every gradient Horovod hands over is sparsified. Their strided sampling draws its random
@@ -125,7 +126,6 @@ class DGC(Algorithm):
             0.9, and 0 on the Adam path (``adam``), whose momentum is Adam's.
         nesterov: Nesterov form of the momentum correction.
         momentum_masking: clear ``u`` where this rank sent (the paper's factor masking).
-        clip_norm: local gradient clipping at ``clip_norm / sqrt(N)`` (None: off).
         sample_ratio: fraction of entries sampled for the threshold (the authors' floor of
             0.01 applies).
         strided_sample: strided sampling with a random start (else uniform with replacement).
@@ -143,10 +143,9 @@ class DGC(Algorithm):
     packs_tensors = True
 
     def __init__(self, density: float = 0.001, *, momentum: float | None = None, nesterov: bool = False,
-                 momentum_masking: bool = True, clip_norm: float | None = None,
-                 sample_ratio: float = 0.01, strided_sample: bool = True, upper: float = 1.3,
-                 lower: float = 0.8, max_adaptation_iters: int = 10, resample: bool = True,
-                 warmup_epochs: int = 0, seed: int = 0, scope: str = TENSOR,
+                 momentum_masking: bool = True, sample_ratio: float = 0.01, strided_sample: bool = True,
+                 upper: float = 1.3, lower: float = 0.8, max_adaptation_iters: int = 10,
+                 resample: bool = True, warmup_epochs: int = 0, seed: int = 0, scope: str = TENSOR,
                  **corrections: Unpack[CorrectionOptions]):
         if momentum is None:   # the paper's 0.9; the Adam path's momentum is Adam's own
             momentum = 0.0 if corrections.get("adam") is not None else 0.9
@@ -155,7 +154,6 @@ class DGC(Algorithm):
         for option, flag in (("strided_sample", strided_sample), ("resample", resample)):
             if not isinstance(flag, bool):
                 raise ConfigurationError(f"{option} must be True or False, got {flag!r}")
-        self.clip_norm = None if clip_norm is None else _number("clip_norm", clip_norm, 0.0, math.inf, True)
         self.sample_ratio = min(max(_number("sample_ratio", sample_ratio, 0.0, 1.0, True), 0.01), 1.0)
         self.strided_sample = strided_sample
         self.upper = _number("upper", upper, 1.0, math.inf)
@@ -195,34 +193,9 @@ class DGC(Algorithm):
         density = self.current_density if density is None else density
         return sampling_plan(numel, density, self.sample_ratio).k
 
-    # --- clipping before the momentum correction ------------------------------------------------------
     def init_control(self, ctx: StepContext) -> DGCControl:
         """No threshold yet."""
         return DGCControl()
-
-    def plain_accumulation(self, control: DGCControl) -> bool:
-        """Without ``clip_norm``, DGC accumulates as the engine does."""
-        return self.clip_norm is None
-
-    def accumulate(self, residual: Any, tensors: list, control: DGCControl, ctx: StepContext) -> Any:
-        """Error feedback, with the gradient's norm clipped first when ``clip_norm`` is set: each
-        tensor's of a bucket packing per-tensor steps, as in a bucket of its own."""
-        if self.clip_norm is None:   # the engine's accumulation (one pass with a kernel)
-            return super().accumulate(residual, tensors, control, ctx)
-        b = ctx.backend
-        grad = b.accumulate(b.zeros(ctx.numel, b.dtype_name(residual), like=residual), tensors)
-        limit = self.clip_norm / math.sqrt(ctx.size)
-        segments = self.tensor_segments(ctx)
-        parts, clipped = [], False
-        for offset, size, _ in segments:
-            part = grad if len(segments) == 1 else b.slice(grad, offset, offset + size)
-            coefficient = limit / (math.sqrt(b.sum_of_squares(part)) + 1e-6)
-            if coefficient < 1:
-                part, clipped = b.scale(part, coefficient), True
-            parts.append(part)
-        if clipped:
-            grad = b.concat(parts)
-        return b.accumulate(residual, [grad], momentum=ctx.momentum)
 
     # --- selection -------------------------------------------------------------------------------------
     def select_local(self, acc: Any, control: DGCControl, ctx: StepContext) -> Any:

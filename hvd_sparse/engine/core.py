@@ -41,7 +41,7 @@ from ..algorithms.dense import DenseAverage
 from ..backends import Backend, Momentum, index_dtype_for
 from ..comm import Protocol, timed
 from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
-from . import adam, patterns
+from . import adam, clipping, patterns
 from .agreement import Layout, agree, config_fields
 from .stats import BucketStats, StepTimes, sum_times, summarize
 
@@ -171,7 +171,9 @@ class Engine:
         control = bucket.control if method is self.algorithm else None
         # The steps of the module docstring:
         yield from method.prepare(control, ctx)                                     # 0
-        picked = yield from self._accumulate_select(bucket, tensors, method, ctx)  # 1, 2
+        clipped = self._clip(tensors, method, ctx)
+        picked = yield from self._accumulate_select(bucket, clipped or tensors, method, ctx,  # 1, 2
+                                                    clipped is None and self.write_into_inputs)
         out = yield from timed(self._exchange(method, control, picked, ctx), times, "exchange")  # 3
         began = time.perf_counter()
         self._keep_residual(bucket, picked, out, method, ctx)                       # 4
@@ -190,24 +192,35 @@ class Engine:
             return _DENSE
         return self.algorithm
 
+    def _clip(self, tensors: list[Any], method: Algorithm, ctx: StepContext) -> list[Any] | None:
+        """The ``clip_norm`` correction on a sparse step (engine/clipping.py): the clipped
+        tensors to accumulate, or None when nothing is clipped."""
+        clip_norm = self.algorithm.corrections.clip_norm
+        if clip_norm is None or method is not self.algorithm:
+            return None
+        b = self.backend
+        dtype = b.dtype_name(self.buckets[ctx.key].residual)
+        return clipping.clip_locally(b, tensors, method.tensor_segments(ctx), clip_norm, ctx.size, dtype)
+
     def _accumulate_select(self, bucket: Bucket, tensors: list[Any], method: Algorithm,
-                           ctx: StepContext) -> Protocol:
+                           ctx: StepContext, clear_inputs: bool) -> Protocol:
         """Protocol, steps 1 and 2: ``Selection`` of this rank's indices from gradient + residual.
 
         A rank whose gradient is not finite still takes part in every collective (skipping one
         would hang the others) but sends zeros -- or NaN, so every rank raises -- and keeps its
         residual as it was: checked before the accumulation writes the residual. Threshold
-        methods accumulate and select in one op, which checks first; with write_into_inputs it
-        clears the inputs in the same pass, so the reconstruction writes only the selection."""
+        methods accumulate and select in one op, which checks first; with ``clear_inputs`` (the
+        engine writes the average into the inputs, and ``tensors`` are they) it clears them in
+        the same pass, so the reconstruction writes only the selection."""
         b, check, control, times = self.backend, self.nonfinite != "ignore", bucket.control, bucket.times
         if method is not self.algorithm:
             control = None
         started = time.perf_counter()
-        fused = method.accumulate_select(bucket.residual, tensors, control, ctx,
-                                         self.write_into_inputs, check)
-        cleared = fused is not None and fused.idx is not None and self.write_into_inputs
+        fused = method.accumulate_select(bucket.residual, tensors, control, ctx, clear_inputs, check)
+        cleared = fused is not None and fused.idx is not None and clear_inputs
         if fused is None:
-            acc, idx, finite, cleared = self._accumulate(bucket, tensors, method, control, ctx)
+            acc, idx, finite, cleared = self._accumulate(bucket, tensors, method, control, ctx,
+                                                         clear_inputs)
             times.accumulate += time.perf_counter() - started
             started = time.perf_counter()
         else:
@@ -236,16 +249,16 @@ class Engine:
         return picked
 
     def _accumulate(self, bucket: Bucket, tensors: list[Any], method: Algorithm, control: Any,
-                    ctx: StepContext) -> tuple[Any, None, bool, bool]:
+                    ctx: StepContext, clear: bool) -> tuple[Any, None, bool, bool]:
         """Step 1 alone (the selection is not fused with it): (accumulated vector or None when not
         finite, None, finite, inputs cleared). When the method accumulates plainly
         (``Algorithm.plain_accumulation``), one backend op checks the inputs and accumulates
-        (the fused threshold op over an empty range: no selection), and when the engine writes
-        the average into the inputs it clears them in the same pass too, so neither a finite
-        check nor the reconstruction reads or writes them separately; the vector is the same."""
+        (the fused threshold op over an empty range: no selection), and with ``clear`` (the
+        engine writes the average into the inputs) it clears them in the same pass too, so
+        neither a finite check nor the reconstruction reads or writes them separately; the vector
+        is the same."""
         b, check = self.backend, self.nonfinite != "ignore"
         if method.plain_accumulation(control):
-            clear = self.write_into_inputs
             done = b.accumulate_select(bucket.residual, tensors, 0, 0, 0.0, clear_inputs=clear,
                                        check_finite=check, momentum=ctx.momentum)
             return (done.acc if done.finite else None), None, done.finite, done.finite and clear

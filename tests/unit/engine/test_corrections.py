@@ -1,5 +1,6 @@
 """The corrections every method shares (algorithms/corrections.py), applied by the engine:
-momentum correction with factor masking, dense steps, density warm-up, dense small tensors.
+momentum correction with factor masking, dense steps, density warm-up, dense small tensors, local
+gradient clipping.
 
 Every check runs every registered method on N simulated ranks (NumPy backend) and compares with
 what the corrections' definitions say, computed here from each rank's own vectors."""
@@ -290,6 +291,92 @@ def test_dgc_checkpoints_from_before_keep_their_momentum():
     np.testing.assert_array_equal(fresh.buckets["model"].momentum, engines[0].buckets["model"].momentum)
 
 
+# --- local gradient clipping ------------------------------------------------------------------
+def clipped(g: np.ndarray, clip_norm: float, size: int, segments: list[tuple[int, int]]) -> np.ndarray:
+    """DGC's rule, per segment: scale to an L2 norm of at most clip_norm / sqrt(N)."""
+    out = g.copy()
+    for lo, hi in segments:
+        norm = float(np.linalg.norm(g[lo:hi].astype(np.float64)))
+        coefficient = clip_norm / np.sqrt(size) / (norm + 1e-6)
+        if coefficient < 1:
+            out[lo:hi] = g[lo:hi] * np.float32(coefficient)
+    return out
+
+
+@pytest.mark.parametrize("name", [cls.name for cls in METHODS])
+def test_local_clipping_is_exact_for_every_method(name):
+    """Per rank and bucket, the accumulated vector is e + clip(g): what left is exactly that
+    vector where the residual was cleared, and sent + the new residual conserve the clipped
+    gradient; the average is the sum of what left over N. The norms here (about 30 to 60 per
+    rank) are all clipped at 2 / sqrt(3)."""
+    clip_norm, size = 2.0, 3
+    algorithm = method(name, clip_norm=clip_norm, momentum=0.0)   # DGC's default is 0.9
+    seen = []
+
+    def check(step, engines, before, outputs):
+        for bucket, (members, tensors, outs) in outputs.items():
+            total = np.zeros(sum(t.size for t in tensors[0]), np.float32)
+            packed = engines[0].buckets[bucket].members
+            bounds = np.cumsum([0, *[t.size for t in tensors[0]]])
+            segments = list(zip(bounds[:-1], bounds[1:])) if packed else [(0, bounds[-1])]
+            for r, e in enumerate(engines):
+                e_old = before[r][bucket][0]
+                g = clipped(flat(tensors[r]), clip_norm, size, segments)
+                acc = g if e_old is None else e_old + g
+                residual = e.buckets[bucket].residual
+                sent = residual != acc
+                np.testing.assert_array_equal(residual[sent], 0)
+                np.testing.assert_array_equal(residual[~sent], acc[~sent])
+                total += np.where(sent, acc, 0)
+                seen.append(float(np.linalg.norm(g)))
+            np.testing.assert_allclose(flat(outs[0]), total / size, rtol=1e-5, atol=1e-6)
+
+    run(algorithm, size, 3, check=check)
+    limit = clip_norm / np.sqrt(size)   # every segment's norm was above it: each clipped to it
+    assert limit * (1 - 1e-5) <= min(seen) and max(seen) <= limit * np.sqrt(len(SHAPES)) * (1 + 1e-5)
+
+
+def test_clipping_leaves_the_inputs_and_spares_dense_steps_and_small_tensors():
+    """The inputs are not scaled in place; the dense steps and the bucket of small tensors
+    average the gradients as they are."""
+    size = 2
+    algorithm = method("exdyna", clip_norm=1e-3, dense_steps=1, dense_below=100)
+    rng = np.random.default_rng(0)
+    engines = [Engine(copy.deepcopy(algorithm), NP, r, size) for r in range(size)]
+    group = LocalGroup(size, NP)
+    keys = [f"p{i}" for i in range(len(SHAPES))]
+    plan = dict(algorithm.plan(keys, SIZES))
+    for step in range(2):
+        grads = grads_for(rng, size, step)
+        for bucket, members in plan.items():
+            tensors = [[grads[r][keys.index(m)].copy() for m in members] for r in range(size)]
+            outs = group.run([e.step(bucket, tensors[r]) for r, e in enumerate(engines)])
+            for r in range(size):
+                for t, m in zip(tensors[r], members, strict=True):
+                    np.testing.assert_array_equal(t, grads[r][keys.index(m)])   # untouched
+            if step == 0 or bucket == DENSE_BUCKET:   # a plain average of the unclipped gradients
+                mean = sum(flat(tensors[r]) for r in range(size)) / size
+                np.testing.assert_allclose(flat(outs[0]), mean, rtol=1e-6)
+            else:   # the sparse step: nothing larger than the clipped gradient left
+                assert np.abs(flat(outs[0])).max() <= 1e-3
+        group.run([e.end_step(None) for e in engines])
+
+
+def test_clipping_writes_the_whole_average_into_the_inputs():
+    """With ``write_into_inputs`` (the PyTorch faces) the fused op clears only the clipped copies:
+    the reconstruction then writes every entry of the inputs, zeros included."""
+    size = 2
+    algorithm = method("exdyna", density=0.1, clip_norm=0.5)
+    engines = [Engine(copy.deepcopy(algorithm), NP, r, size, write_into_inputs=True) for r in range(size)]
+    rng = np.random.default_rng(1)
+    grads = [[rng.standard_normal(1000).astype(np.float32)] for _ in range(size)]
+    outs = LocalGroup(size, NP).run([e.step("w", [grads[r][0]]) for r, e in enumerate(engines)])
+    for r in range(size):
+        assert outs[r][0] is grads[r][0]                  # written into the input
+        assert np.count_nonzero(grads[r][0]) <= 2 * 100   # holds the sparse average, not g
+        assert np.abs(grads[r][0]).max() <= 0.5
+
+
 # --- bad input ------------------------------------------------------------------------------
 @pytest.mark.parametrize("options, message", [
     ({"momentum": 1.0}, "momentum must be a number in"),
@@ -301,6 +388,9 @@ def test_dgc_checkpoints_from_before_keep_their_momentum():
     ({"warmup_steps": 2.5}, "warmup_steps must be a non-negative integer"),
     ({"dense_below": -3}, "dense_below must be a non-negative integer"),
     ({"dense_below": True}, "dense_below must be a non-negative integer"),
+    ({"clip_norm": 0}, "clip_norm must be in"),
+    ({"clip_norm": float("inf")}, "clip_norm must be in"),
+    ({"clip_norm": "1"}, "clip_norm must be in"),
 ])
 @pytest.mark.parametrize("name", ["exdyna", "deft", "lags", "topk"])
 def test_bad_corrections_fail_at_construction(name, options, message):
