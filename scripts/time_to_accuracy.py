@@ -83,6 +83,7 @@ class Setup:
     budget: float
     out_dir: Path
     optimizer: str = "sgd"        # what the step-time jobs step (bench_e2e.py --optimizer)
+    settle: int = 0               # bench_e2e.py --settle: steps a threshold may take to settle
     judged_suffix: str = ""       # the seed methods' variant judged alone ("+adam"); "": the better
 
     def training(self, name: str) -> tuple[str, dict, float, dict]:
@@ -144,7 +145,8 @@ GPT = Setup(
     density=0.01, configs=("dense", "fp16", *(f"{m}{ADAM_PATH}" for m in SPARSE), "exdyna-tracking",
                            "topk"),
     world_sizes=(2,), nets=("1gbit",), dense_steps=1000, budget=3.0,
-    out_dir=REPO / "bench" / "time-to-accuracy-gpt", optimizer="adamw", judged_suffix=ADAM_PATH)
+    out_dir=REPO / "bench" / "time-to-accuracy-gpt", optimizer="adamw", settle=300,
+    judged_suffix=ADAM_PATH)
 SETUPS = {setup.name: setup for setup in (WORD, GPT)}
 
 
@@ -248,6 +250,7 @@ def measure_step_times(setup: Setup, out_dir: Path, configs: list[str], sizes: l
            "--nets", *nets, "--sizes", *map(str, sizes),
            "--configs", ",".join(dict.fromkeys(["local", *map(e2e_config, configs)])),
            "--density", repr(setup.density), "--optimizer", setup.optimizer,
+           "--settle", str(setup.settle),
            "--repeats", str(repeats), "--out", str(out)]
     print("[tta] " + " ".join(cmd), flush=True)
     subprocess.run(cmd, check=True)
