@@ -99,6 +99,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "over two --out-dir runs side by side, then --merge-from their tta.json); --step-times-from "
      "bench/time-to-accuracy/step-times.json bench/time-to-accuracy/step-times-4.json; "
      "--validate exdyna-tracking@1gbit (root); see the script's docstring"),
+    ("time-to-accuracy-gpt/tta.md", "Time to accuracy (the transformer task, AdamW)",
+     "python scripts/time_to_accuracy.py --task gpt --curves --step-times (root: network "
+     "namespaces)"),
     ("ddp.md", "DDP communication hooks on loopback (torchrun)",
      "python scripts/bench_ddp.py --model mlp7m --repeats 5 --steps 10 --warmup 10 --out-dir bench"),
     ("ddp-1gbit/ddp.md", "DDP communication hooks at 1 Gbit/s, beside the Horovod face",
@@ -210,6 +213,7 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "e2e-compute.json", "e2e-kernels.json", "e2e-phases.json", "e2e-models-dgc.json",
                  "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-models-baselines.json",
                  "e2e-tf.json", "e2e-tf-models-packed.json", "time-to-accuracy/tta.json",
+                 "time-to-accuracy-gpt/tta.json",
                  "adam-quality.json", "adam-twin-tf.json", "gpt2-adam.json", "lever-safety.json",
                  "select-adam/select.json",
                  "ddp-1gbit/ddp.json"):
@@ -368,6 +372,7 @@ CURRENT = {
     "lever-safety.md": "Quality: are the SGD levers safe?",
     "e2e-phases.md": "End to end: where the step's time goes",
     "time-to-accuracy/tta.md": "Time to accuracy",
+    "time-to-accuracy-gpt/tta.md": "Time to accuracy under AdamW",
     "ddp-1gbit/ddp.md": "DDP communication hooks",
     "soak.md": "Reliability: a long run",
     "select-adam/select.md": "Selection cost on the Adam path",
@@ -408,7 +413,8 @@ def target_summary(rows: list[tuple[str, str, str]]) -> list[str]:
 def target_group(title: str) -> str:
     """A target's group in the summary: what it measures."""
     lowered = title.lower()
-    for key, group in (("floor", "Selection cost"), ("overhead", "End to end"), ("faster", "End to end"),
+    for key, group in (("sooner", "Time to accuracy"), ("floor", "Selection cost"),
+                       ("overhead", "End to end"), ("faster", "End to end"),
                        ("adam path", "Quality under AdamW"), ("gpt-2", "Quality under AdamW"),
                        ("tensorflow:", "Quality under AdamW"), ("digits cnn", "Safety of the SGD levers"),
                        ("memory", "Selection cost"),
