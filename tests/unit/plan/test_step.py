@@ -1,0 +1,49 @@
+"""The step's critical path (hvd_sparse/plan/step.py): a whole-model bucket waits for the end of
+the backward pass; per-tensor buckets overlap their collectives with it."""
+
+from __future__ import annotations
+
+import pytest
+
+from hvd_sparse.comm.protocol import ALLREDUCE
+from hvd_sparse.plan import BucketTraffic, ComputeProfile, Network, SelectionCost, Transfer, step_time
+
+# 8 Mbit/s = 1 MB/s, no latency: an allreduce of B bytes at 2 ranks takes B / 1e6 seconds.
+NET = Network(bandwidth=8e6, latency=0.0)
+
+
+def bucket(name: str, members: tuple[int, ...], nbytes: int, scanned: int = 0) -> BucketTraffic:
+    return BucketTraffic(name, members, 1000, scanned, ((Transfer(ALLREDUCE, (nbytes,) * 2),),))
+
+
+def test_one_bucket_of_the_whole_model_does_not_overlap():
+    profile = ComputeProfile(forward=1.0, backward=(1.0, 1.0, 1.0), update=0.5)
+    step = step_time(profile, [bucket("model", (0, 1, 2), 2_000_000)], NET)
+    assert step.total == pytest.approx(1.0 + 3.0 + 2.0 + 0.5)
+    assert step.exposed == pytest.approx(2.0) and step.comm == pytest.approx(2.0)
+
+
+def test_per_tensor_buckets_overlap_with_the_backward_pass():
+    """Tensor 2 is ready at 1 s, its 1.5 s allreduce runs to 2.5 s; tensor 1 is ready at 2 s and
+    waits for the channel: 2.5 -> 4.0; tensor 0 is ready at 3 s and waits: 4.0 -> 5.5."""
+    profile = ComputeProfile(forward=0.0, backward=(1.0, 1.0, 1.0))
+    traffic = [bucket(f"t{i}", (i,), 1_500_000) for i in range(3)]
+    step = step_time(profile, traffic, NET)
+    assert step.total == pytest.approx(5.5)
+    assert step.exposed == pytest.approx(2.5)   # 4.5 s of communication, 2 hidden
+
+
+def test_selection_runs_in_the_hooks_and_delays_what_follows():
+    """Each bucket's selection (1000 entries at 1 ms + its scan at 1 ms) lengthens the backward
+    pass by 2 s and makes its collective start 2 s later."""
+    profile = ComputeProfile(forward=0.0, backward=(1.0, 1.0))
+    traffic = [bucket("t1", (1,), 500_000, scanned=1000), bucket("t0", (0,), 500_000, scanned=1000)]
+    step = step_time(profile, traffic, NET, SelectionCost(accumulate=1e-3, scan=1e-3))
+    # t1: ready 1 + 2 = 3, comm to 3.5; t0: backward done at 2, + 2 + 2 of selects = 6, comm to 6.5
+    assert step.select == pytest.approx(4.0)
+    assert step.total == pytest.approx(6.5)
+
+
+def test_proportional_profile_spreads_the_backward_by_size():
+    profile = ComputeProfile.proportional([1, 3], forward=0.1, backward=0.8, update=0.2)
+    assert profile.backward == pytest.approx((0.2, 0.6))
