@@ -11,7 +11,8 @@ N ranks, B the bytes of one rank's tensor, b_i the bytes rank i contributes:
 
 * ring allreduce (Gloo's and NCCL's for large tensors): reduce-scatter then allgather, 2(N-1)
   steps of B/N bytes: ``2(N-1)·alpha + 2(N-1)/N · B/beta``;
-* tree allreduce (NCCL's for small tensors at scale; recursive doubling in MPI):
+* tree allreduce (NCCL's for small tensors at scale; recursive doubling in MPI; ``auto`` takes
+  the faster of the two):
   ``2·ceil(log2 N)·alpha + 2·B/beta`` with pipelining (the bandwidth term of a pipelined binary
   tree is twice the message);
 * ring allgather of unequal parts (Gloo's allgatherv, NCCL's allgather): N-1 steps; the slowest
@@ -27,12 +28,12 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from ..comm.protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS
 
-RING, TREE = "ring", "tree"
-ALGORITHMS = (RING, TREE)
+RING, TREE, AUTO = "ring", "tree", "auto"
+ALGORITHMS = (RING, TREE, AUTO)
 UNITS = {"gbit": 1e9, "mbit": 1e6, "kbit": 1e3}
 
 
@@ -55,8 +56,12 @@ class Network:
         bandwidth: bits per second per direction of a rank's link.
         latency: seconds per message (alpha).
         overhead: software seconds per collective, paid once (Horovod's cycle and negotiation).
-        allreduce: "ring" or "tree".
+        allreduce: "ring", "tree" or "auto" (the faster of the two for each message, as NCCL
+            chooses by size; Gloo's allreduce is a ring).
         name: how reports call it.
+        per_op: {op: (overhead, bandwidth)} measured for an op (a calibration: Horovod's Gloo
+            allgather, for one, moves its bytes at about half the allreduce's rate), replacing
+            ``overhead`` and ``bandwidth`` for it.
     """
 
     bandwidth: float
@@ -64,6 +69,7 @@ class Network:
     overhead: float = 0.0
     allreduce: str = RING
     name: str = ""
+    per_op: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.bandwidth > 0 or self.latency < 0 or self.overhead < 0:
@@ -86,20 +92,21 @@ class Network:
         size = len(parts)
         if size <= 1:
             return 0.0
-        alpha, beta = self.latency, self.bytes_per_second
+        overhead, bandwidth = self.per_op.get(op, (self.overhead, self.bandwidth))
+        alpha, beta = self.latency, bandwidth / 8.0
         if op == ALLREDUCE:
-            return self.overhead + allreduce_seconds(max(parts), size, alpha, beta, self.allreduce)
+            return overhead + allreduce_seconds(max(parts), size, alpha, beta, self.allreduce)
         if op == ALLGATHER:
-            return self.overhead + (size - 1) * alpha + (sum(parts) - min(parts)) / beta
+            return overhead + (size - 1) * alpha + (sum(parts) - min(parts)) / beta
         if op == BROADCAST:
-            return self.overhead + math.ceil(math.log2(size)) * alpha + max(parts) / beta
+            return overhead + math.ceil(math.log2(size)) * alpha + max(parts) / beta
         if op == NEIGHBOURS:
-            return self.overhead + alpha + 2 * max(parts) / beta
+            return overhead + alpha + 2 * max(parts) / beta
         raise ValueError(f"unknown collective op {op!r}")
 
 
 def allreduce_seconds(nbytes: int, size: int, alpha: float, beta: float, algorithm: str) -> float:
     """An allreduce of ``nbytes`` per rank over ``size`` ranks, without the software overhead."""
-    if algorithm == RING:
-        return 2 * (size - 1) * alpha + 2 * (size - 1) / size * nbytes / beta
-    return 2 * math.ceil(math.log2(size)) * alpha + 2 * nbytes / beta
+    ring = 2 * (size - 1) * alpha + 2 * (size - 1) / size * nbytes / beta
+    tree = 2 * math.ceil(math.log2(size)) * alpha + 2 * nbytes / beta
+    return {RING: ring, TREE: tree, AUTO: min(ring, tree)}[algorithm]

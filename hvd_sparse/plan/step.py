@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 from .network import Network
 from .traffic import BucketTraffic
@@ -30,20 +31,30 @@ from .traffic import BucketTraffic
 @dataclass(frozen=True)
 class ComputeProfile:
     """Seconds of one rank's forward pass, each tensor's share of the backward pass (model
-    order) and the optimizer's update."""
+    order) and the optimizer's update; ``straggler``: how much later than the mean the slowest
+    rank ends its backward pass (every collective waits for it)."""
 
     forward: float
     backward: tuple[float, ...]
     update: float = 0.0
+    straggler: float = 0.0
 
     @classmethod
     def proportional(cls, sizes: Sequence[int], forward: float, backward: float,
-                     update: float = 0.0) -> ComputeProfile:
+                     update: float = 0.0, straggler: float = 0.0) -> ComputeProfile:
         """The backward pass spread over tensors by their sizes (an assumption: the arithmetic
         of a layer's backward grows with its parameters, which holds for dense and recurrent
         layers and is rough for convolutions and attention)."""
         total = sum(sizes)
-        return cls(forward, tuple(backward * s / total for s in sizes), update)
+        return cls(forward, tuple(backward * s / total for s in sizes), update, straggler)
+
+
+class SelectsBuckets(Protocol):
+    """What the step needs of a selection cost model: one rank's seconds for a bucket."""
+
+    def seconds(self, bucket: BucketTraffic) -> float:
+        """One rank's seconds to accumulate and select ``bucket``."""
+        ...
 
 
 @dataclass(frozen=True)
@@ -75,10 +86,13 @@ class StepTime:
 
 
 def step_time(profile: ComputeProfile, traffic: list[BucketTraffic], network: Network,
-              selection: SelectionCost | None = None) -> StepTime:
-    """The step's time on the critical path of the module docstring."""
+              selection: SelectsBuckets | None = None) -> StepTime:
+    """The step's time on the critical path of the module docstring, on the slowest rank (its
+    backward pass ``straggler`` seconds longer, spread over it)."""
     order = sorted(traffic, key=lambda b: min(b.members), reverse=True)   # backward: last first
-    done = _backward_finish_times(profile.backward)
+    total = sum(profile.backward)
+    stretch = 1.0 + profile.straggler / total if total > 0 else 1.0
+    done = [t * stretch for t in _backward_finish_times(profile.backward)]
     channel = select_total = comm_total = 0.0
     for bucket in order:
         select = selection.seconds(bucket) if selection is not None else 0.0
@@ -87,9 +101,9 @@ def step_time(profile: ComputeProfile, traffic: list[BucketTraffic], network: Ne
         comm = sum(network.seconds(t.op, t.parts) for phase in bucket.phases for t in phase)
         comm_total += comm
         channel = max(ready, channel) + comm
-    backward = sum(profile.backward) + select_total
+    backward = total * stretch + select_total
     end = max(backward, channel)
-    return StepTime(profile.forward + end + profile.update, profile.forward + sum(profile.backward)
+    return StepTime(profile.forward + end + profile.update, profile.forward + total * stretch
                     + profile.update, select_total, comm_total, end - backward)
 
 

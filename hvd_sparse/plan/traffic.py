@@ -89,22 +89,31 @@ def dense_traffic(sizes: list[int], size: int, itemsize: int = DENSE_BYTES,
     return out
 
 
-def steady_traffic(algorithm: Algorithm, sizes: list[int], size: int,
-                   buildup: float | None = None) -> list[BucketTraffic]:
+def steady_traffic(algorithm: Algorithm, sizes: list[int], size: int, buildup: float | None = None,
+                   packed: bool = True) -> list[BucketTraffic]:
     """The method's steady-state step on a model of tensors ``sizes`` (model order) at ``size``
-    ranks: its own plan (buckets, small tensors averaged densely), pattern and k. ``buildup``
-    (union / k) sizes the value allreduce of a non-exclusive method in the union pattern; None:
-    ``size``, no overlap at all (the upper bound)."""
+    ranks: its own plan (buckets, small tensors averaged densely), pattern and k. ``packed``:
+    per-tensor steps packed as the PyTorch faces pack them (``Algorithm.pack``: the same
+    decisions, fewer collectives). ``buildup`` (union / k) sizes the value allreduce of a
+    non-exclusive method in the union pattern; None: ``size``, no overlap (the upper bound)."""
     keys = [f"t{i}" for i in range(len(sizes))]
+    plan = algorithm.plan(keys, sizes)
+    single = {name for name, _ in plan}
+    if packed:
+        from ..faces import PACKED_BUCKET_ENTRIES
+
+        plan = algorithm.pack(plan, dict(zip(keys, sizes, strict=True)), dict.fromkeys(keys, "float32"),
+                              PACKED_BUCKET_ENTRIES)
     out = []
-    for bucket, members in algorithm.plan(keys, sizes):
+    for bucket, members in plan:
         index = tuple(keys.index(m) for m in members)
         numel = sum(sizes[i] for i in index)
-        if bucket == "dense_below":
+        if all(algorithm.corrections.is_dense_tensor(sizes[i]) for i in index):
             out += [BucketTraffic(bucket, index, numel, 0,
                                   ((Transfer(ALLREDUCE, (numel * DENSE_BYTES,) * size, bucket),),))]
             continue
-        k = algorithm.k(numel)   # the plan's buckets, before a face packs per-tensor ones
+        # a packed bucket makes each member's decisions: its k is theirs summed
+        k = algorithm.k(numel) if bucket in single else sum(algorithm.k(sizes[i]) for i in index)
         union = k if algorithm.exclusive else min(numel, round(k * (size if buildup is None else buildup)))
         phases = _phases(algorithm, bucket, k, union, size)
         if algorithm.name == "deft":   # the rotating master's assignment, every step

@@ -22,6 +22,14 @@ def test_tree_allreduce_pays_log_latencies_and_twice_the_message():
     assert tree.seconds(ALLREDUCE, [1_000_000] * 16) == pytest.approx(8 * 10e-6 + 0.016)
 
 
+def test_auto_takes_the_tree_for_small_messages_at_scale_and_the_ring_for_large_ones():
+    auto = Network(bandwidth=1e9, latency=10e-6, allreduce="auto")
+    # 1024 ranks, 1 KB: ring 2*1023 latencies; tree 2*10 latencies + 2 KB at 125 MB/s
+    assert auto.seconds(ALLREDUCE, [1000] * 1024) == pytest.approx(20 * 10e-6 + 2000 / 125e6)
+    # 4 ranks, 100 MB: the ring moves 3/2 of the tensor, the tree twice it
+    assert auto.seconds(ALLREDUCE, [100_000_000] * 4) == pytest.approx(6 * 10e-6 + 1.2)
+
+
 def test_allgather_of_unequal_parts_waits_for_the_rank_receiving_most():
     # parts of 1, 2, 3 and 4 MB: rank 0 receives 9 MB -> 3 latencies + 9e6 / 125e6
     assert NET.seconds(ALLGATHER, [1_000_000, 2_000_000, 3_000_000, 4_000_000]) == pytest.approx(
@@ -48,3 +56,10 @@ def test_one_rank_costs_nothing_and_bad_input_is_refused():
 def test_rates_parse():
     assert parse_rate("25gbit") == 25e9 and parse_rate("100mbit") == 1e8 and parse_rate(3.5) == 3.5
     assert Network(parse_rate("10gbit")).describe()["bandwidth_gbit_s"] == 10.0
+
+
+def test_a_calibrated_op_uses_its_own_fixed_cost_and_bandwidth():
+    net = Network(bandwidth=1e9, latency=0.0, overhead=1e-3, per_op={ALLGATHER: (2e-3, 0.5e9)})
+    # 2 ranks of 1 MB: the allgather at 62.5 MB/s, the allreduce at the default 125 MB/s
+    assert net.seconds(ALLGATHER, [1_000_000] * 2) == pytest.approx(2e-3 + 0.016)
+    assert net.seconds(ALLREDUCE, [1_000_000] * 2) == pytest.approx(1e-3 + 0.008)

@@ -47,3 +47,22 @@ def test_selection_runs_in_the_hooks_and_delays_what_follows():
 def test_proportional_profile_spreads_the_backward_by_size():
     profile = ComputeProfile.proportional([1, 3], forward=0.1, backward=0.8, update=0.2)
     assert profile.backward == pytest.approx((0.2, 0.6))
+
+
+def test_the_slowest_rank_delays_every_collective():
+    """A straggler 1 s late over a 2 s backward pass: tensor 1 is ready at 1.5 s, tensor 0 at 3."""
+    profile = ComputeProfile(forward=0.0, backward=(1.0, 1.0), straggler=1.0)
+    traffic = [bucket("t1", (1,), 1_000_000), bucket("t0", (0,), 1_000_000)]
+    step = step_time(profile, traffic, NET)
+    assert step.compute == pytest.approx(3.0)
+    assert step.total == pytest.approx(4.0)   # t1: 1.5 -> 2.5; t0: 3 -> 4
+
+
+def test_the_command_line_prints_a_labelled_projection(capsys):
+    from hvd_sparse.plan.__main__ import main
+
+    main(["--params", "1e6", "--tensors", "4", "--world-sizes", "2", "16", "--compute-ms", "10",
+          "--methods", "exdyna", "topk"])
+    out = capsys.readouterr().out
+    assert out.startswith("Projection (hvd_sparse.plan's cost model, not a measurement)")
+    assert "N = 16" in out and "\nexdyna " in out and "\nfp16 " in out

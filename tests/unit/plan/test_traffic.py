@@ -20,19 +20,27 @@ def method(name: str, density: float = 0.01, **options):
     return next(cls for cls in METHODS if cls.name == name)(density, **options)
 
 
-def record_steps(algorithm, size: int, steps: int) -> tuple[RecordingGroup, list[Engine], list]:
+def record_steps(algorithm, size: int, steps: int,
+                 packed: bool = False) -> tuple[RecordingGroup, list[Engine], list]:
     """``steps`` steps on ``size`` ranks; the group (every phase), the engines, and per step the
-    phases it recorded (the first step's agreement on the configuration included)."""
+    phases it recorded (the first step's agreement on the configuration included). ``packed``:
+    per-tensor steps packed as the PyTorch faces pack them."""
     engines = [Engine(algorithm, NP, r, size) for r in range(size)]
     group, rng = RecordingGroup(size, NP), np.random.default_rng(0)
     keys = [f"t{i}" for i in range(len(SIZES))]
+    plan = algorithm.plan(keys, SIZES)
+    single = {name for name, _ in plan}
+    if packed:
+        plan = algorithm.pack(plan, dict(zip(keys, SIZES, strict=True)), dict.fromkeys(keys, "float32"),
+                              1 << 22)
     per_step = []
     for _ in range(steps):
         before = len(group.phases)
-        for bucket, members in algorithm.plan(keys, SIZES):
+        for bucket, members in plan:
             grads = [[rng.standard_normal(SIZES[keys.index(m)]).astype(np.float32) for m in members]
                      for _ in range(size)]
-            group.run([e.step(bucket, grads[r]) for r, e in enumerate(engines)])
+            packs = () if bucket in single else tuple(members)
+            group.run([e.step(bucket, grads[r], members=packs) for r, e in enumerate(engines)])
         group.run([e.end_step(None) for e in engines])
         per_step.append(group.phases[before:])
     return group, engines, per_step
@@ -53,16 +61,24 @@ def test_recorded_bytes_are_the_engines_bytes_sent(name):
         assert payload(per_step[-1], rank) == engine.stats()["bytes_sent"], rank
 
 
-@pytest.mark.parametrize("name", ["topk", "lags", "randomk"])
-def test_derived_traffic_is_what_a_fixed_k_method_issues(name):
-    """Methods whose k is fixed: the derived phases are the recorded ones, byte for byte."""
+@pytest.mark.parametrize("packed", [False, True])
+@pytest.mark.parametrize("name", ["topk", "lags", "randomk", "dgc"])
+def test_derived_traffic_is_what_a_fixed_k_method_issues(name, packed):
+    """Methods whose k is fixed: the derived phases are the recorded ones, byte for byte, with
+    per-tensor steps packed as the PyTorch faces pack them or not."""
     size = 4
-    algorithm = method(name)
-    _, _, per_step = record_steps(algorithm, size, 2)
+    algorithm = method(name, sample_ratio=1.0) if name == "dgc" else method(name)
+    _, _, per_step = record_steps(algorithm, size, 2, packed)
     recorded = [[(t.op, t.parts) for t in phase] for phase in per_step[-1]]
-    derived = [[(t.op, t.parts) for t in phase] for bucket in steady_traffic(algorithm, SIZES, size)
-               for phase in bucket.phases]
-    assert derived == recorded
+    derived = [[(t.op, t.parts) for t in phase]
+               for bucket in steady_traffic(algorithm, SIZES, size, packed=packed) for phase in bucket.phases]
+    if name == "dgc":   # a sampled threshold sends about k: the structure, and bytes within 30%
+        ops = [[[op for op, _ in phase] for phase in run] for run in (derived, recorded)]
+        assert ops[0] == ops[1]
+        assert sum(sum(p) for phase in derived for _, p in phase) == pytest.approx(
+            sum(sum(p) for phase in recorded for _, p in phase), rel=0.3)
+    else:
+        assert derived == recorded
 
 
 @pytest.mark.parametrize("name", ["exdyna", "micro", "deft"])
@@ -74,8 +90,8 @@ def test_exclusive_methods_send_k_over_the_ranks(name):
     options = {"threshold_scaling": "tracking"} if name != "deft" else {}
     algorithm = method(name, **options)
     _, _, per_step = record_steps(algorithm, size, 60)
-    derived = [t for bucket in steady_traffic(algorithm, SIZES, size) for phase in bucket.phases
-               for t in phase]
+    derived = [t for bucket in steady_traffic(algorithm, SIZES, size, packed=False)
+               for phase in bucket.phases for t in phase]
     recorded = [t for phase in per_step[-1] for t in phase]
     assert [t.op for t in derived] == [t.op for t in recorded]
     for mine, theirs in zip(derived, recorded, strict=True):
@@ -88,7 +104,7 @@ def test_exclusive_methods_send_k_over_the_ranks(name):
 def test_top_k_gathers_n_k_pairs_and_the_dense_allreduce_is_fused():
     algorithm = method("topk", scope="model")
     numel = sum(SIZES)
-    traffic = steady_traffic(algorithm, SIZES, 64)
+    traffic = steady_traffic(algorithm, SIZES, 64, packed=False)
     k = algorithm.k(numel)
     assert [t.op for t in traffic[0].phases[0]] == [ALLGATHER, ALLGATHER]
     assert bytes_per_rank(traffic) == 8 * k and traffic[0].scanned == numel
