@@ -660,6 +660,10 @@ def build_parser() -> argparse.ArgumentParser:
                              "sparsifier until its aggregate density is settled (within 2x of "
                              "density..N*density; e.g. MiCRO's paper start takes hundreds)")
     parser.add_argument("--steps", type=int, help="timed steps per visit (blocks schedule)")
+    parser.add_argument("--schedule", choices=("blocks", "interleaved"),
+                        help="override the model's schedule (WORKLOADS): interleaved keeps every "
+                             "configuration alive and steps them in turn, so drifts of a shared "
+                             "machine hit all alike")
     parser.add_argument("--delay", default="", help="one-way delay per link direction (needs sch_netem)")
     parser.add_argument("--loopback-launcher", choices=["horovodrun", "direct"], default="horovodrun",
                         help="direct: the namespace launcher's way, without namespaces, on lo")
@@ -763,7 +767,7 @@ def new_result(args: argparse.Namespace, plan: dict, explicit: bool) -> dict:
 def worker_arguments(model: str, net: str, size: int, plan: dict, args: argparse.Namespace,
                      explicit: bool, out: Path) -> tuple[list[str], str, int, int]:
     """The worker's command line for one job, and its schedule, repeats and timed steps."""
-    batch, schedule = WORKLOADS[model]["batch"], WORKLOADS[model]["schedule"]
+    batch, schedule = WORKLOADS[model]["batch"], args.schedule or WORKLOADS[model]["schedule"]
     bits = rate_bits(net)
     # The probe moves about 0.3 s of traffic at the emulated rate (capped at 64 MB).
     probe_mb = 64.0 if bits is None else min(64.0, bits * 0.3 / 8 / 1e6 / (2 * (size - 1) / size))
