@@ -9,9 +9,10 @@ its gradient to an L2 norm of at most ``clip_norm / sqrt(N)``, so the average of
 clipped gradients has a norm of about ``clip_norm``.
 
 The norm is taken per tensor in a bucket packing per-tensor steps (as in a bucket of its own),
-else over the bucket. Clipped tensors are new fp32 tensors (the inputs are left as they are:
-the faces may write the average into them), so the accumulation downstream -- kernels, the
-momentum correction, the Adam path -- runs unchanged on them.
+else over the bucket. The gradient is first gathered into a flat fp32 vector of its own (one
+pass: the inputs are left as they are, since the faces may write the average into them, and a
+TensorFlow bucket's inputs may be a packed set of parts); the accumulation downstream -- kernels,
+the momentum correction, the Adam path -- then runs unchanged on it.
 """
 
 from __future__ import annotations
@@ -25,31 +26,25 @@ from ..backends import Backend
 NORM_EPSILON = 1e-6
 
 
-def clip_locally(b: Backend, tensors: list[Any], segments: list[tuple[int, int, str]], clip_norm: float,
-                 size: int, dtype: str) -> list[Any] | None:
-    """The tensors with each segment's L2 norm clipped to ``clip_norm / sqrt(size)`` (those
-    of unclipped segments as they were), or None when no segment exceeds it or a norm is not
-    finite (the finite check downstream then sees the inputs themselves). ``segments``:
-    (offset, numel, key) in the bucket, each covering whole tensors."""
+def clip_locally(b: Backend, tensors: Any, segments: list[tuple[int, int, str]], clip_norm: float,
+                 size: int, like: Any) -> list[Any] | None:
+    """The bucket's gradient as one flat vector (the dtype of ``like``, the residual) with each
+    segment's L2 norm clipped to ``clip_norm / sqrt(size)``, or None when no segment exceeds it
+    or a norm is not finite (the finite check downstream then sees the inputs themselves).
+    ``segments``: (offset, numel, key) in the bucket."""
     limit = clip_norm / math.sqrt(size)
-    sizes = [b.numel(t) for t in tensors]
-    starts = [sum(sizes[:i]) for i in range(len(sizes))]
-    out, clipped = list(tensors), False
-    for offset, numel, _ in segments:
-        members = [i for i, start in enumerate(starts) if offset <= start < offset + numel]
-        norm = math.sqrt(sum(b.sum_of_squares(b.flat(tensors[i])) for i in members))
+    numel = sum(n for _, n, _ in segments)
+    grad = b.accumulate(b.zeros(numel, b.dtype_name(like), like=like), tensors)
+    parts, clipped = [], False
+    for offset, n, _ in segments:
+        part = grad if len(segments) == 1 else b.slice(grad, offset, offset + n)
+        norm = math.sqrt(b.sum_of_squares(part))
         if not math.isfinite(norm):
             return None
         coefficient = limit / (norm + NORM_EPSILON)
         if coefficient < 1.0:
-            clipped = True
-            for i in members:
-                out[i] = b.scale(_own_copy(b, tensors[i], dtype), coefficient)
-    return out if clipped else None
-
-
-def _own_copy(b: Backend, tensor: Any, dtype: str) -> Any:
-    """``tensor`` flat in ``dtype``, in memory of its own (the backends' ``scale`` may work in
-    place)."""
-    flat = b.cast(b.flat(tensor), dtype)
-    return b.copy(flat) if b.dtype_name(tensor) == dtype else flat
+            part, clipped = b.scale(part, coefficient), True
+        parts.append(part)
+    if not clipped:
+        return None
+    return [parts[0] if len(segments) == 1 else b.concat(parts)]

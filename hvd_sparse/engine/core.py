@@ -198,9 +198,8 @@ class Engine:
         clip_norm = self.algorithm.corrections.clip_norm
         if clip_norm is None or method is not self.algorithm:
             return None
-        b = self.backend
-        dtype = b.dtype_name(self.buckets[ctx.key].residual)
-        return clipping.clip_locally(b, tensors, method.tensor_segments(ctx), clip_norm, ctx.size, dtype)
+        return clipping.clip_locally(self.backend, tensors, method.tensor_segments(ctx), clip_norm, ctx.size,
+                                     self.buckets[ctx.key].residual)
 
     def _accumulate_select(self, bucket: Bucket, tensors: list[Any], method: Algorithm,
                            ctx: StepContext, clear_inputs: bool) -> Protocol:
