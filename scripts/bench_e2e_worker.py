@@ -169,7 +169,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--image-size", type=int, default=None,
                         help="side of the images of the ResNets and cnn (default: the model's, "
                              "224 and 32); smaller is cheaper, the parameters are the same")
-    parser.add_argument("--configs", default=",".join(CONFIGS))
+    parser.add_argument("--configs", default=",".join(c for c in CONFIGS if ADAM_PATH not in c))
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--warmup", type=int, default=2)

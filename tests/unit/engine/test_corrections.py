@@ -8,6 +8,7 @@ what the corrections' definitions say, computed here from each rank's own vector
 from __future__ import annotations
 
 import copy
+import itertools
 import warnings
 
 import numpy as np
@@ -314,11 +315,11 @@ def test_local_clipping_is_exact_for_every_method(name):
     seen = []
 
     def check(step, engines, before, outputs):
-        for bucket, (members, tensors, outs) in outputs.items():
+        for bucket, (_, tensors, outs) in outputs.items():
             total = np.zeros(sum(t.size for t in tensors[0]), np.float32)
             packed = engines[0].buckets[bucket].members
             bounds = np.cumsum([0, *[t.size for t in tensors[0]]])
-            segments = list(zip(bounds[:-1], bounds[1:])) if packed else [(0, bounds[-1])]
+            segments = list(itertools.pairwise(bounds)) if packed else [(0, bounds[-1])]
             for r, e in enumerate(engines):
                 e_old = before[r][bucket][0]
                 g = clipped(flat(tensors[r]), clip_norm, size, segments)
