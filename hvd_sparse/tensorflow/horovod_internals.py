@@ -80,3 +80,8 @@ def calling_keras_optimizer() -> Any:
                 return owner
         frame = frame.f_back
     return None
+
+
+def horovod_build() -> dict[str, bool]:
+    """How Horovod was built for TensorFlow (its public build queries; ``python -m hvd_sparse.info``)."""
+    return {name: bool(getattr(hvd, f"{name}_built")()) for name in ("mpi", "gloo", "nccl", "cuda", "rocm")}

@@ -69,3 +69,8 @@ def _find_optimizer(compressor: Any, frame: Any) -> tuple[Any, Any]:
             return owner, getattr(owner, "op", None)
         frame = frame.f_back
     return None, None
+
+
+def horovod_build() -> dict[str, bool]:
+    """How Horovod was built for PyTorch (its public build queries; ``python -m hvd_sparse.info``)."""
+    return {name: bool(getattr(hvd, f"{name}_built")()) for name in ("mpi", "gloo", "nccl", "cuda", "rocm")}
