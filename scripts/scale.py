@@ -63,6 +63,7 @@ SELECT_NAME = {"exdyna-tracking": "exdyna"}
 # of the cnn (0.54M parameters) on loopback at 2 ranks, whose communication is small; loopback
 # is taken as 20 Gbit/s with the 1 Gbit/s calibration's fixed costs (software, not wire).
 CALIBRATION_JOB = REPO / "bench" / "scale" / "calibrate-e2e.json"
+VALIDATION_JOB = REPO / "bench" / "scale" / "validate-e2e.json"   # mlp7m, 1 Gbit/s and 100 Mbit/s
 LOOPBACK_BITS = 20e9
 
 
@@ -213,6 +214,24 @@ def cpu_profile(models: list[str], network: dict, straggler: float) -> Profile:
     return Profile("cpu", compute, selection_models(SELECT_JSON), overhead, 50e-6, straggler, note)
 
 
+def calibrated_software(fits: dict) -> dict:
+    """``face_software`` of ``CALIBRATION_JOB``, or nothing where it was not run."""
+    return face_software(json.loads(CALIBRATION_JOB.read_text()), fits) if CALIBRATION_JOB.exists() else {}
+
+
+def calibrated_cpu_profile(models: list[str], fits: dict, jobs: dict | None = None,
+                           software: dict | None = None) -> Profile:
+    """The CPU profile with what this machine's runs measured: the 1 Gbit/s calibration, the
+    slowest rank's lateness in the validation jobs (``jobs``, default ``VALIDATION_JOB``) and the
+    faces' software cost (``software``, default from ``CALIBRATION_JOB``)."""
+    if jobs is None and VALIDATION_JOB.exists():
+        jobs = json.loads(VALIDATION_JOB.read_text())
+    if software is None:
+        software = calibrated_software(fits)
+    straggler = statistics.median(straggler_share(job) for job in jobs["jobs"]) if jobs else 0.15
+    return replace(cpu_profile(models, fits.get("1gbit", {}), straggler), software=software)
+
+
 def gpu_profile() -> Profile:
     """The stated GPU assumptions (``GPU_COMPUTE``, ``GPU_NOTE``): this machine's selection costs
     scaled by the ratio of the GPU's memory floor (12 bytes an element at 2 TB/s) to this
@@ -227,7 +246,7 @@ def gpu_profile() -> Profile:
 
 # --- the projection ----------------------------------------------------------------------------------
 def project(sizes: list[int], compute: tuple[float, float, float], profile: Profile, world: int,
-            network: Network) -> dict:
+            network: Network, density: float = DENSITY) -> dict:
     """Every configuration's step at ``world`` ranks on ``network``: {config: row}, dense and
     fp16 included (Horovod's allreduce, fp32 and fp16)."""
     late = profile.straggler * (compute[0] + compute[1]) * straggler_factor(world)
@@ -238,7 +257,7 @@ def project(sizes: list[int], compute: tuple[float, float, float], profile: Prof
         traffic = dense_traffic(sizes, world, itemsize)
         rows[name] = _row(step_time(shape, traffic, network), traffic, numel, numel, 1.0)
     for config in CONFIGS:
-        algorithm = _algorithm(config)
+        algorithm = _algorithm(config, density)
         traffic = steady_traffic(algorithm, sizes, world)
         cost = profile.selection[config]
         k = sum(algorithm.k(b.numel) for b in traffic if b.scanned)
@@ -524,12 +543,9 @@ def main() -> None:
         calibrate(args.calibrate, calibration)
     fits = load_fits(calibration)
     jobs = json.loads(args.validate.read_text()) if args.validate else None
-    calibration_job = json.loads(CALIBRATION_JOB.read_text()) if CALIBRATION_JOB.exists() else None
-    software = face_software(calibration_job, fits) if calibration_job else {}
+    software = calibrated_software(fits)
     rows = validate(jobs, fits, software) if jobs else []
-    straggler = statistics.median(straggler_share(job) for job in jobs["jobs"]) if jobs else 0.15
-    profiles = {"cpu": replace(cpu_profile(args.models, fits.get("1gbit", {}), straggler), software=software),
-                "gpu": gpu_profile()}
+    profiles = {"cpu": calibrated_cpu_profile(args.models, fits, jobs, software), "gpu": gpu_profile()}
     table = projections(args.models, args.sizes, args.rates, profiles)
     crossing = crossovers(table, args.sizes)
     figures = plot(table, args.sizes, args.out_dir)
