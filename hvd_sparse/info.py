@@ -163,14 +163,15 @@ def _check_bucket(engines: list, bucket: str, backend: Any, grads: list, old: li
 
 def report() -> tuple[list[str], bool]:
     """The printed lines, and whether every self-test passed."""
+    installed = versions()
     lines = ["hvd_sparse info", "", "versions:"]
-    lines += [f"  {k}: {v}" for k, v in versions().items()]
+    lines += [f"  {k}: {v}" for k, v in installed.items()]
     lines += ["horovod builds:"]
     lines += [f"  {k}: {v}" for k, v in horovod_builds().items()]
     lines += ["kernels:"]
     lines += [f"  {k}: {v}" for k, v in kernels().items()]
     passed = True
-    backends = ["numpy"] + (["torch"] if versions()["torch"] != "not installed" else [])
+    backends = ["numpy"] + (["torch"] if installed["torch"] != "not installed" else [])
     for backend in backends:
         results = self_test(backend)
         passed &= all(v == "ok" for v in results.values())

@@ -40,6 +40,17 @@ def times_to_target(report: dict, study: tta.Setup, profiles: dict, rates: list[
     """Per N with curves, profile, rate and configuration: steps to the target and the projected
     seconds to it (dense steps of the Adam path at dense's step), with the speedup over dense."""
     sizes = scale.model_sizes(MODEL)
+    projections: dict = {}   # (N, profile, rate) -> every configuration's projected step
+
+    def projected_at(world: int, profile, rate: str) -> dict:
+        key = (world, profile.name, rate)
+        if key not in projections:
+            network = scale.Network(scale.parse_rate(rate), latency=profile.latency,
+                                    overhead=profile.overhead, allreduce=profile.allreduce)
+            projections[key] = scale.project(sizes, profile.compute[MODEL], profile, world, network,
+                                             study.density)
+        return projections[key]
+
     rows = []
     for key, run in report["curves"].items():
         name, world = key.split("/")
@@ -47,10 +58,7 @@ def times_to_target(report: dict, study: tta.Setup, profiles: dict, rates: list[
         steps = tta.steps_to_target(run["curve"], target)
         for profile in profiles.values():
             for rate in rates:
-                network = scale.Network(scale.parse_rate(rate), latency=profile.latency,
-                                        overhead=profile.overhead, allreduce=profile.allreduce)
-                projected = scale.project(sizes, profile.compute[MODEL], profile, int(world), network,
-                                          study.density)
+                projected = projected_at(int(world), profile, rate)
                 row = {"config": name, "world": int(world), "profile": profile.name, "rate": rate,
                        "steps": steps, "best": min(v for _, v in run["curve"])}
                 if steps is not None:

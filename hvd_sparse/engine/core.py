@@ -171,7 +171,7 @@ class Engine:
         control = bucket.control if method is self.algorithm else None
         # The steps of the module docstring:
         yield from method.prepare(control, ctx)                                     # 0
-        clipped = self._clip(tensors, method, ctx)
+        clipped = self._clip(bucket, tensors, method, ctx)
         picked = yield from self._accumulate_select(bucket, clipped or tensors, method, ctx,  # 1, 2
                                                     clipped is None and self.write_into_inputs)
         out = yield from timed(self._exchange(method, control, picked, ctx), times, "exchange")  # 3
@@ -192,14 +192,15 @@ class Engine:
             return _DENSE
         return self.algorithm
 
-    def _clip(self, tensors: list[Any], method: Algorithm, ctx: StepContext) -> list[Any] | None:
+    def _clip(self, bucket: Bucket, tensors: list[Any], method: Algorithm,
+              ctx: StepContext) -> list[Any] | None:
         """The ``clip_norm`` correction on a sparse step (engine/clipping.py): the clipped
-        tensors to accumulate, or None when nothing is clipped."""
+        gradient to accumulate, or None when nothing is clipped."""
         clip_norm = self.algorithm.corrections.clip_norm
         if clip_norm is None or method is not self.algorithm:
             return None
         return clipping.clip_locally(self.backend, tensors, method.tensor_segments(ctx), clip_norm, ctx.size,
-                                     self.buckets[ctx.key].residual)
+                                     bucket.residual)
 
     def _accumulate_select(self, bucket: Bucket, tensors: list[Any], method: Algorithm,
                            ctx: StepContext, clear_inputs: bool) -> Protocol:

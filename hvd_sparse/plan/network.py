@@ -77,11 +77,6 @@ class Network:
         if self.allreduce not in ALGORITHMS:
             raise ValueError(f"allreduce must be one of {ALGORITHMS}, got {self.allreduce!r}")
 
-    @property
-    def bytes_per_second(self) -> float:
-        """beta, in bytes."""
-        return self.bandwidth / 8.0
-
     def describe(self) -> dict:
         """The assumptions, as reports print them."""
         return {**asdict(self), "bandwidth_gbit_s": self.bandwidth / 1e9}

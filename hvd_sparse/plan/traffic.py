@@ -21,9 +21,10 @@ from typing import Any
 from ..algorithms.base import GATHER, SHARED, UNION, Algorithm
 from ..comm.local import LocalGroup
 from ..comm.protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective
+from ..engine.patterns import ITEMSIZE
 
-INDEX_BYTES = VALUE_BYTES = 4     # int32 indices, fp32 values (the engine's defaults)
-DENSE_BYTES = 4                   # a dense fp32 allreduce; Horovod's fp16 compression: 2
+INDEX_BYTES = ITEMSIZE["int32"]     # the engine's default index and value dtypes
+VALUE_BYTES = DENSE_BYTES = ITEMSIZE["float32"]   # a dense fp32 allreduce (Horovod's fp16: 2)
 
 
 @dataclass(frozen=True)
@@ -64,8 +65,7 @@ class RecordingGroup(LocalGroup):
         return outputs
 
     def _nbytes(self, tensor: Any) -> int:
-        b = self.backend
-        return b.numel(tensor) * b.to_numpy(tensor).dtype.itemsize
+        return self.backend.numel(tensor) * ITEMSIZE[self.backend.dtype_name(tensor)]
 
 
 def dense_traffic(sizes: list[int], size: int, itemsize: int = DENSE_BYTES,
@@ -97,6 +97,7 @@ def steady_traffic(algorithm: Algorithm, sizes: list[int], size: int, buildup: f
     decisions, fewer collectives). ``buildup`` (union / k) sizes the value allreduce of a
     non-exclusive method in the union pattern; None: ``size``, no overlap (the upper bound)."""
     keys = [f"t{i}" for i in range(len(sizes))]
+    position = {key: i for i, key in enumerate(keys)}
     plan = algorithm.plan(keys, sizes)
     single = {name for name, _ in plan}
     if packed:
@@ -106,7 +107,7 @@ def steady_traffic(algorithm: Algorithm, sizes: list[int], size: int, buildup: f
                               PACKED_BUCKET_ENTRIES)
     out = []
     for bucket, members in plan:
-        index = tuple(keys.index(m) for m in members)
+        index = tuple(position[m] for m in members)
         numel = sum(sizes[i] for i in index)
         if all(algorithm.corrections.is_dense_tensor(sizes[i]) for i in index):
             out += [BucketTraffic(bucket, index, numel, 0,
