@@ -382,27 +382,9 @@ def markdown(setup: Setup, report: dict, table: dict, targets: list[dict], figur
              f"{setup.budget:g}x dense's steps. Curves from the simulator, step times from real "
              f"Horovod jobs (scripts/bench_e2e.py, model `{setup.e2e_model}`); warm-up steps and the "
              "Adam path's dense steps charged at dense's step time.", ""]
-    for net, by_size in table.items():
-        for size, entry in sorted(by_size.items()):
-            local = entry.get("local_step_seconds")
-            lines += [f"## {net}, {size} ranks (target perplexity {entry['target']:.2f})", ""]
-            if local:
-                lines += [f"The same steps without communication (`local`, in the step-time job) took "
-                          f"{local * 1e3:.0f} ms: on a machine with fewer cores than ranks, that "
-                          "includes their sharing the cores.", ""]
-            lines += [
-                      "| configuration | steps to target | best perplexity | step ms | "
-                      "time to target s | speedup over dense |", "|---|---|---|---|---|---|"]
-            for name, row in entry["rows"].items():
-                steps = row["steps"] if row["steps"] is not None else f"not in {row['steps_run']}"
-                step_ms = f"{row['step_seconds'] * 1e3:.0f}" if row["step_seconds"] else "-"
-                seconds = f"{row['seconds']:.0f}" if row.get("seconds") else "-"
-                speedup = f"{row['speedup']:.2f}x" if row.get("speedup") else "-"
-                lines.append(f"| {name} | {steps} | {row['best']:.2f} | {step_ms} | {seconds} | {speedup} |")
-            missing = [name for name in setup.configs if name not in entry["rows"]]
-            if missing:
-                lines.append(f"\nNo curve at {size} ranks yet: {', '.join(missing)}.")
-            lines.append("")
+    for size in sorted({size for by_size in table.values() for size in by_size}, key=int):
+        lines += size_table(setup, size, {net: by_size[size] for net, by_size in table.items()
+                                          if size in by_size})
     if report.get("validations"):
         lines += ["## Real runs to the target (2 ranks)", "",
                   "| configuration | network | steps to target | wall-clock s | composed estimate s |",
@@ -419,6 +401,36 @@ def markdown(setup: Setup, report: dict, table: dict, targets: list[dict], figur
     if figure:
         lines += ["", f"![perplexity against wall-clock time]({Path(figure).name})"]
     return "\n".join(lines) + "\n"
+
+
+def size_table(setup: Setup, size: str, by_net: dict) -> list[str]:
+    """One world size: every configuration's steps and best perplexity, then per network its step
+    time, its time to the target and its speedup over dense."""
+    first = next(iter(by_net.values()))
+    targets = sorted({f"{entry['target']:.2f}" for entry in by_net.values()})
+    lines = [f"## {size} ranks (target perplexity {', '.join(targets)})", ""]
+    local = [f"{net} {entry['local_step_seconds'] * 1e3:.0f} ms" for net, entry in by_net.items()
+             if entry.get("local_step_seconds")]
+    if local:
+        lines += [f"The same steps without communication (`local`, in the step-time job) took "
+                  f"{', '.join(local)}: on a machine with fewer cores than ranks, that includes their "
+                  "sharing the cores.", ""]
+    lines += ["| configuration | steps to target | best perplexity | "
+              + " | ".join(f"{net} step ms | {net} time s (speedup)" for net in by_net) + " |",
+              "|---|---|---|" + "---|---|" * len(by_net)]
+    for name, row in first["rows"].items():
+        steps = row["steps"] if row["steps"] is not None else f"not in {row['steps_run']}"
+        cells = []
+        for entry in by_net.values():
+            timed = entry["rows"].get(name, {})
+            cells.append(f"{timed['step_seconds'] * 1e3:.0f}" if timed.get("step_seconds") else "-")
+            cells.append(f"{timed['seconds']:.0f} ({timed['speedup']:.2f}x)" if timed.get("speedup")
+                         else "-")
+        lines.append(f"| {name} | {steps} | {row['best']:.2f} | " + " | ".join(cells) + " |")
+    missing = [name for name in setup.configs if name not in first["rows"]]
+    if missing:
+        lines.append(f"\nNo curve at {size} ranks yet: {', '.join(missing)}.")
+    return [*lines, ""]
 
 
 def wall_clock(curve: list[list[float]], step: float, dense_step: float, warmup: int) -> list[float]:

@@ -58,8 +58,8 @@ def test_composition_gives_speedups_over_dense_and_unreached_rows():
     assert exdyna["met"] and "6.67x" in exdyna["measured"]
     assert not next(t for t in targets if "micro" in t["target"])["met"]   # no curve: 0x
     text = tta.markdown(tta.WORD, report, table, targets, None)
-    assert "| exdyna-tracking | 1500 | 5.00 | 100 | 150 | 6.67x |" in text
-    assert "| topk | not in 5000 | 6.00 | 200 | - | - |" in text
+    assert "| exdyna-tracking | 1500 | 5.00 | 100 | 150 (6.67x) |" in text
+    assert "| topk | not in 5000 | 6.00 | 200 | - |" in text
 
 
 def test_step_times_come_from_bench_e2e_jobs_of_the_task_model(tmp_path):
