@@ -13,6 +13,7 @@ import argparse
 import json
 import os
 import platform
+import posixpath
 import re
 from importlib import metadata
 from pathlib import Path
@@ -177,6 +178,10 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "exdyna micro topk --adam --no-tensorflow --out-dir bench/select-adam"),
     ("lever-safety.md", "Are the SGD levers safe? The digits CNN at ρ = 0.001",
      "python scripts/lever_safety.py --jobs 2"),
+    ("scale/summary.md", "Scale: where sparsification pays, 2 to 1024 ranks (projection)",
+     "python scripts/scale_summary.py (after `python scripts/scale.py --validate "
+     "bench/scale/validate-e2e.json`, seconds, and `python scripts/scale_tta.py --curves --sizes 16`, "
+     "about 70 minutes)"),
 ]
 
 
@@ -331,9 +336,11 @@ def cause_notes(rows: list[tuple[str, str, str]]) -> list[str]:
     return notes
 
 
-def relink_images(text: str, prefix: str) -> str:
-    """A fragment links its plots relative to its own folder; BENCHMARKS.md may sit elsewhere."""
-    return re.sub(r"\]\((?!https?:|/)([^)/]+\.png)\)", lambda m: f"]({prefix}/{m.group(1)})", text)
+def relink(text: str, prefix: str) -> str:
+    """A fragment links its plots and pages relative to its own folder; BENCHMARKS.md may sit
+    elsewhere."""
+    return re.sub(r"\]\((?!https?:|/|#)([^)\s]+)\)",
+                  lambda m: f"]({posixpath.normpath(f'{prefix}/{m.group(1)}')})", text)
 
 
 def nest_headings(text: str, top: int = 3) -> str:
@@ -373,6 +380,7 @@ CURRENT = {
     "e2e-phases.md": "End to end: where the step's time goes",
     "time-to-accuracy/tta.md": "Time to accuracy",
     "time-to-accuracy-gpt/tta.md": "Time to accuracy under AdamW",
+    "scale/summary.md": "Scale: 2 to 1024 ranks (a projection, checked at 2)",
     "ddp-1gbit/ddp.md": "DDP communication hooks",
     "soak.md": "Reliability: a long run",
     "select-adam/select.md": "Selection cost on the Adam path",
@@ -385,7 +393,7 @@ def section(number: int, fragment: str, title: str, command: str, bench: Path, o
     lines = [f"## {number}. {title}", "", f"Command (with `OMP_NUM_THREADS=1`): {command_text(command)}", ""]
     path = bench / fragment
     prefix = Path(os.path.relpath(path.parent, out.resolve().parent)).as_posix()
-    text = nest_headings(relink_images(path.read_text().strip(), prefix)) if path.exists() else None
+    text = nest_headings(relink(path.read_text().strip(), prefix)) if path.exists() else None
     lines.append(text or "_Not run on this machine._")
     png = path.with_suffix(".png")
     if png.exists() and f"{prefix}/{png.name}" not in (text or ""):

@@ -89,8 +89,8 @@ def test_report_groups_targets_and_explains_misses(tmp_path):
     assert ("exdyna step <= 0.35 x dense", "met (within noise)", "0.3x") in rows
     notes = "\n".join(report.cause_notes(rows))
     assert "Padding waste" in notes and "End to end" in notes and "Perplexity" not in notes
-    assert report.relink_images("![p](x.png) ![q](http://h/y.png)", "bench") == \
-        "![p](bench/x.png) ![q](http://h/y.png)"
+    assert report.relink("![p](x.png) ![q](http://h/y.png) [r](../../docs/r.md) [s](#s)", "bench/a") == \
+        "![p](bench/a/x.png) ![q](http://h/y.png) [r](docs/r.md) [s](#s)"
     assert report.command_text("python a.py --out x (note on `b`)") == "`python a.py --out x` (note on `b`)"
     assert report.command_text("python a.py (root); then b") == "`python a.py (root); then b`"
     assert report.nest_headings("# A\n\n## B\n```\n# kept\n```\n### C") == \

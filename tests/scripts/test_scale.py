@@ -62,3 +62,32 @@ def test_the_validation_verdict_needs_the_median_and_every_pair():
     assert "NOT met" not in "\n".join(scale.validation_markdown(rows, {"1gbit": fit}))
     rows.append({**rows[0], "config": "d", "error": 0.31})
     assert "NOT met" in "\n".join(scale.validation_markdown(rows, {"1gbit": fit}))
+
+
+def test_the_summary_answers_the_issue_from_saved_reports():
+    import scale_summary
+
+    def rows(**steps):
+        return {c: {"step": s} for c, s in steps.items()}
+
+    table = {"gpu|m|10gbit": {n: rows(dense=1.0, lags=0.5, **{"exdyna-tracking": 0.1}, topk=0.2, dgc=0.4)
+                              for n in ("2", "16", "64")},
+             "gpu|m|1gbit": {"16": rows(dense=2.0, lags=0.5)}}
+    validation = [{"model": "m", "size": 2, "net": net, "config": "dense", "measured": 0.1,
+                   "predicted": 0.1 * (1 + e), "error": e} for net, e in (("1gbit", 0.1), ("100mbit", -0.4))]
+    crossing = [{"profile": "gpu", "model": "m", "rate": "10gbit", "method": "exdyna-tracking",
+                 "topk": 2, "dgc": None, "dense": 16}]
+    tta = {"rows": [{"config": "dense", "world": 16, "profile": "gpu", "rate": "10gbit", "steps": 400,
+                     "best": 3.0, "seconds": 8.0, "speedup": 1.0},
+                    {"config": "exdyna-tracking+adam", "world": 16, "profile": "gpu", "rate": "10gbit",
+                     "steps": None, "best": 4.0}]}
+    text = scale_summary.summary({"profiles": {"gpu": "assumed"}, "density": 0.001, "validation": validation,
+                                  "table": table, "crossovers": crossing}, tta)
+    assert "median |error| 25%, largest 40%" in text and "NOT met" in text   # one pair beyond 30%
+    assert "| dense | 100.0 / 110.0 (+10%) | 100.0 / 60.0 (-40%) |" in text
+    assert "| m | 16 | 1000.0 | 100.0 | 200.0 | 400.0 | 2.00x | 4.00x |" in text
+    assert "| m | 2 |" not in text                      # the question is N >= 16
+    assert "| exdyna-tracking+adam | not reached (best 4.00) | - |" in text
+    assert "| dense | 400 | 8.0 (1.00x) |" in text
+    assert "| m | 2 / - / 16 |" in text
+    assert "m gpu 4.00x" in text                        # LAGS over dense at N = 16, 1gbit
