@@ -8,15 +8,19 @@ for bit), and no -march=native: the library must run on any x86-64 / aarch64 mac
 the same sources are built a second time for the x86-64-v3 level (AVX2, every x86-64 CPU since
 about 2015), which the loader picks at run time where the CPU has it: wider vectors and more loads
 in flight, the same IEEE operations in the same order, so the same results. Where TensorFlow is
-installed, hvd_sparse/kernels/cpu/tf_ops.cc and the kernel sources it wraps are built against it as a
+importable at build time (``pip install --no-build-isolation``, ``make install``),
+hvd_sparse/kernels/cpu/tf_ops.cc and the kernel sources it wraps are built against it as a
 TensorFlow op library (``_tf_ops``), which the TensorFlow backend loads with tf.load_op_library.
+Under pip's default build isolation TensorFlow is not importable here; the sources ship with the
+package and hvd_sparse/kernels/tf_build.py compiles the library on first use, into a per-user
+cache, saying so.
 """
 
 import os
 import platform
 from glob import glob
 
-from setuptools import Extension, find_packages, setup
+from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
 FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno"]
@@ -63,24 +67,5 @@ class BuildEachApart(build_ext):
             self.build_temp = shared
 
 
-setup(
-    name="hvd_sparse",
-    version="0.1.0",
-    description="Gradient sparsification (ExDyna, DEFT, LAGS-SGD, MiCRO, top-k, ...) for Horovod",
-    long_description=open("README.md", encoding="utf-8").read(),
-    long_description_content_type="text/markdown",
-    packages=find_packages(include=["hvd_sparse", "hvd_sparse.*"]),
-    ext_modules=libraries,
-    cmdclass={"build_ext": BuildEachApart},
-    python_requires=">=3.10",
-    install_requires=["numpy"],
-    # No framework is pinned here: constraints.txt holds the tested versions.
-    extras_require={
-        "torch": ["torch", "horovod"],
-        "ddp": ["torch"],   # hvd_sparse.torch.ddp: DDP communication hooks, no Horovod
-        "tensorflow": ["tensorflow", "horovod"],
-        "mpi": ["mpi4py"],
-        "dev": ["pytest", "pytest-timeout", "hypothesis", "ruff", "scikit-learn", "matplotlib"],
-    },
-    license="Apache-2.0",
-)
+# Metadata, dependencies and the version are in pyproject.toml; only the native libraries are here.
+setup(ext_modules=libraries, cmdclass={"build_ext": BuildEachApart})

@@ -34,10 +34,11 @@ stack_key() {
 }
 
 # The native kernel library (hvd_sparse/kernels/cpu/*.cpp, built in place by the editable install): a change
-# to a source, or a missing library, rebuilds it alone (seconds).
+# to a source or to the package's metadata (pyproject.toml), or a missing library, reinstalls the
+# package alone (seconds).
 kernels_stamp="$venv/.hvd_sparse_kernels"
 kernels_key() {
-    cat "$repo/setup.py" "$repo"/hvd_sparse/kernels/cpu/*.cpp $(ls "$repo"/hvd_sparse/kernels/cpu/*.h "$repo"/hvd_sparse/kernels/cpu/*.cc 2>/dev/null) \
+    cat "$repo/setup.py" "$repo/pyproject.toml" "$repo"/hvd_sparse/kernels/cpu/*.cpp $(ls "$repo"/hvd_sparse/kernels/cpu/*.h "$repo"/hvd_sparse/kernels/cpu/*.cc 2>/dev/null) \
         | sha256sum | cut -c1-16
 }
 kernels_built() {

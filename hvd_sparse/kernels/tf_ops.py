@@ -1,6 +1,7 @@
 """TensorFlow custom ops over the CPU kernels: hvd_sparse/kernels/cpu/tf_ops.cc, compiled with the same kernel
-sources against the installed TensorFlow (setup.py, ``_tf_ops`` next to the ctypes library) and
-loaded with ``tf.load_op_library``. The ops run in TensorFlow's executor on TensorFlow's buffers,
+sources against the installed TensorFlow (setup.py, ``_tf_ops`` next to the ctypes library; where
+the install could not, on first use into a per-user cache: tf_build.py) and loaded with
+``tf.load_op_library``. The ops run in TensorFlow's executor on TensorFlow's buffers,
 eager or inside a graph: nothing leaves the framework.
 
 Importing this module loads the library; when that fails it raises ``KernelUnavailable`` naming
@@ -21,11 +22,11 @@ import tensorflow as tf
 from ..backends.contract import SampledSegment, ThresholdBand, sampled_plan_fits
 from ..backends.exact import KernelSelection
 from ..backends.tf_eager import constant
-from . import KernelUnavailable
+from . import KernelUnavailable, tf_build
 
 CPU = Path(__file__).resolve().parent / "cpu"
 STEM = "_tf_ops"
-SOURCES = ("tf_ops.cc", "topk.cpp", "norms.cpp", "accumulate.cpp", "sampled.cpp")
+SOURCES = tf_build.SOURCES
 FIX = "rebuild it with `make install` (or `pip install -e .` in the repository)"
 _VALUES = (tf.float32, tf.float64)
 _INPUTS = (tf.float16, tf.bfloat16, tf.float32, tf.float64)
@@ -42,15 +43,21 @@ def library_path() -> Path | None:
 
 
 def _open() -> Any:
+    """The library the install built next to the CPU kernels; else the one compiled on first use
+    into the per-user cache (tf_build.py: a wheel built under pip's build isolation has none)."""
     path = library_path()
     if path is None:
-        raise KernelUnavailable(f"the TensorFlow op library {CPU / STEM}*.so was not built: {FIX}")
+        return _load(tf_build.cached_library(tf))
     built = path.stat().st_mtime
     stale = [name for name in (*SOURCES, *(p.name for p in sorted(CPU.glob("*.h"))))
              if (CPU / name).stat().st_mtime > built]
     if stale:
         raise KernelUnavailable(f"the TensorFlow op library {path.name} is older than "
                                 f"{', '.join(stale)}: {FIX}")
+    return _load(path)
+
+
+def _load(path: Path) -> Any:
     try:
         return tf.load_op_library(str(path))
     except (tf.errors.NotFoundError, OSError) as error:   # e.g. built against another TensorFlow
