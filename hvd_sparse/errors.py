@@ -35,5 +35,6 @@ def renamed_options(**new_names: str) -> Callable:
                 renames = ", ".join(f"{name}= is now {new_names[name]}=" for name in old)
                 raise ConfigurationError(f"{type(self).__name__}: {renames}")
             init(self, *args, **kwargs)
+        wrapper.renamed = dict(new_names)   # type: ignore[attr-defined]  # the face modules repeat it
         return wrapper
     return decorate

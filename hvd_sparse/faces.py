@@ -5,17 +5,16 @@ does not depend on the framework: ``set_epoch``, ``stats``, ``average_stats``, `
 ``state_dict``/``load_state_dict``. A face adds Horovod's ``compress``/``decompress`` and two
 hooks: ``_make_engine`` (with its communication layer) and ``_sum_over_ranks``.
 
-``face_classes`` makes one face class per method of the registry's list (``registry.METHODS``,
-built from ``algorithms.METHODS``), so a new method needs no line in either face:
-``hvd_sparse.torch.TopK(density=0.01, named_parameters=...)`` is the PyTorch face wrapped around
-``hvd_sparse.algorithms.TopK``. Each generated class accepts the algorithm's hyper-parameters and
-the face's keyword-only options together, and ``help()`` shows both with their descriptions.
+Every face has one class per registered method (``registry.METHODS``), written out by
+tools/generate_faces.py so that tools see them: ``hvd_sparse.torch.TopK(density=0.01,
+named_parameters=...)`` is the PyTorch face wrapped around ``hvd_sparse.algorithms.TopK``. Each
+takes the algorithm's hyper-parameters and the face's keyword-only options together, documents
+both, and builds itself with ``build_face``.
 """
 
 from __future__ import annotations
 
 import inspect
-import textwrap
 import warnings
 from collections.abc import Sequence
 from typing import Any, ClassVar
@@ -28,7 +27,6 @@ from .algorithms.corrections import AdamPath
 from .engine import Engine, summarize
 from .engine.core import NONFINITE_POLICIES
 from .errors import ConfigurationError
-from .registry import METHODS
 
 # In PyTorch (Horovod's and DDP's faces, ``FaceBase._plan``) a bucket packing per-tensor steps
 # (``Algorithm.pack``) holds at most this many entries: an engine step costs about half a
@@ -257,47 +255,17 @@ def refuse_reduction_op(op: Any, hvd: Any) -> None:
         "learning rate by hvd.size()")
 
 
-def face_classes(base: type, module: str) -> dict[str, type]:
-    """The face class of every registered method, by class name (``{"TopK": ..., ...}``), for
-    the face module ``module`` to export."""
-    return {cls.__name__: face_class(base, cls, module) for cls in METHODS.values()}
-
-
-def face_options_doc(base: type) -> str:
-    """The "Args:" entries of the nearest docstring in ``base``'s MRO that has them, without
-    ``algorithm`` (which the face class builds from the method's own arguments)."""
-    doc = next(inspect.cleandoc(c.__doc__) for c in base.__mro__ if c.__doc__ and "Args:" in c.__doc__)
-    entries, keep = [], False
-    for line in doc.partition("Args:\n")[2].splitlines():
-        if line.strip() and not line.startswith(" "):          # the section is over
-            break
-        if line.strip() and not line.startswith("    " * 2):   # an entry starts: "    name: ..."
-            keep = not line.lstrip().startswith("algorithm:")
-        if keep:
-            entries.append(line)
-    return "\n".join(entries).rstrip()
-
-
-def face_class(base: type, algorithm_cls: type, module: str) -> type:
-    """A subclass of ``base`` (whose ``__init__(algorithm, *, ...)`` takes face options)."""
-    face_params = [p for p in inspect.signature(base.__init__).parameters.values()
-                   if p.kind is p.KEYWORD_ONLY]
-    face_names = {p.name for p in face_params}
-
-    def __init__(self, *args, **kwargs):
-        face_kwargs = {k: kwargs.pop(k) for k in list(kwargs) if k in face_names}
-        path = base.adam_path_of(face_kwargs.get("optimizer"))
-        if path is not None and kwargs.get("adam") is None:
-            kwargs["adam"] = path   # the Adam path: the method is built with it (its defaults follow)
-        base.__init__(self, algorithm_cls(*args, **kwargs), **face_kwargs)
-
-    algo_params = list(inspect.signature(algorithm_cls.__init__).parameters.values())
-    # What help() and inspect show: the method's parameters, then the face's (a function's __dict__
-    # holds the attributes set on it).
-    __init__.__dict__["__signature__"] = inspect.Signature(algo_params + face_params)
-    return type(algorithm_cls.__name__, (base,), {
-        "__init__": __init__,
-        "__doc__": (f"{algorithm_cls.__doc__.rstrip()}\n\n    Options of the {module} face "
-                    f"({base.__name__}):\n{textwrap.indent(face_options_doc(base), '    ')}\n"),
-        "__module__": module,
-    })
+def build_face(face: FaceBase, base: type, method: type, arguments: dict[str, Any]) -> None:
+    """The ``__init__`` of every face class (the generated face modules): ``arguments`` (its
+    ``locals()``) split into the method's, which build the algorithm, and the face's keyword-only
+    options; an optimizer that asks for the Adam path builds the method with it (its defaults
+    follow) unless ``adam=`` was given."""
+    options = {p.name for p in inspect.signature(base.__init__).parameters.values()
+               if p.kind is p.KEYWORD_ONLY}
+    face_kwargs = {k: v for k, v in arguments.items() if k in options}
+    method_kwargs = {k: v for k, v in arguments.items()
+                     if k not in options and k not in ("self", "__class__")}
+    path = base.adam_path_of(face_kwargs.get("optimizer"))
+    if path is not None and method_kwargs.get("adam") is None:
+        method_kwargs["adam"] = path
+    base.__init__(face, method(**method_kwargs), **face_kwargs)

@@ -8,13 +8,14 @@ Keras ``hvd.DistributedOptimizer`` (tf-keras).
 
 from typing import Any
 
-from ..faces import face_classes
+from . import baselines, methods
+from .baselines import DGC, GaussianK, RandomK, Threshold, TopK
 from .compressor import SparseCompressor
 from .grouping import with_model_grouping
+from .methods import DEFT, LAGS, ExDyna, MiCRO
 
-# One face class per registered method (TopK, ExDyna, ...), made in hvd_sparse/faces.py.
-FACES = face_classes(SparseCompressor, __name__)
-globals().update(FACES)
+# One face class per registered method, written by tools/generate_faces.py.
+FACES = {**methods.FACES, **baselines.FACES}
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:
@@ -40,4 +41,5 @@ def __getattr__(name: str) -> Any:
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["CompressionCallback", "DistributedGradientTape", "SparseCompressor", "optimizers", *sorted(FACES)]
+__all__ = ["DEFT", "DGC", "LAGS", "CompressionCallback", "DistributedGradientTape", "ExDyna", "GaussianK",
+           "MiCRO", "RandomK", "SparseCompressor", "Threshold", "TopK", "optimizers"]

@@ -13,7 +13,6 @@ Adam and AdamW (the Adam path, docs/methods.md#adam-and-adamw): build the optimi
 ``hvd_sparse.torch.optim.AdamW`` (torch's arguments) and pass it as ``optimizer=``.
 """
 
-from ..faces import face_classes
 from ..registry import METHODS
 from . import optim
 
@@ -21,15 +20,18 @@ try:
     from .compressor import SparseCompressor  # imports horovod.torch
 except ImportError as missing:   # no (working) Horovod: the DDP face works without it
     _HOROVOD_MISSING: ImportError | None = missing
-    FACES: dict[str, type] = {}
+    FACES: dict = {}
 else:
     from .elastic import register as _register_elastic_handler
 
     _HOROVOD_MISSING = None
     _register_elastic_handler()   # hvd.elastic.TorchState(..., compression=compression): torch/elastic.py
-    # One face class per registered method (TopK, ExDyna, ...), made in hvd_sparse/faces.py.
-    FACES = face_classes(SparseCompressor, __name__)
-    globals().update(FACES)
+    # One face class per registered method, written by tools/generate_faces.py.
+    from . import baselines, methods
+    from .baselines import DGC, GaussianK, RandomK, Threshold, TopK
+    from .methods import DEFT, LAGS, ExDyna, MiCRO
+
+    FACES = {**methods.FACES, **baselines.FACES}
 
 _HOROVOD_NAMES = {"SparseCompressor", *(cls.__name__ for cls in METHODS.values())}
 
@@ -44,4 +46,7 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["optim", *(["SparseCompressor", *sorted(FACES)] if _HOROVOD_MISSING is None else [])]
+__all__ = ["optim"]
+if _HOROVOD_MISSING is None:
+    __all__ += ["DEFT", "DGC", "LAGS", "ExDyna", "GaussianK", "MiCRO", "RandomK", "SparseCompressor",
+                "Threshold", "TopK"]
