@@ -16,6 +16,7 @@ demo: install
 
 lint: install
 	$(VENV)/bin/ruff check hvd_sparse tests examples tools scripts
+	$(VENV)/bin/mypy
 
 # pytest exits 5 when a selection (PYTEST_ARGS="-k ...") matches no test: report it, do not fail.
 NO_MATCH = if [ $$rc -eq 5 ]; then echo "pytest: no tests matched '$(PYTEST_ARGS)'"; rc=0; fi

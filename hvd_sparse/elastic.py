@@ -94,7 +94,7 @@ class ElasticCompressor:
         self._resume = self._committed
         self.face._drop_engine()
 
-    def sync(self, broadcast_object: Callable[[Any], Any]) -> None:
+    def sync(self, broadcast_object: Callable[..., Any]) -> None:
         """After a reset: rebuild for the new rank and world size from rank 0's rank-independent state."""
         own = self._own_state()
         self.face._drop_engine()

@@ -255,12 +255,14 @@ def refuse_reduction_op(op: Any, hvd: Any) -> None:
         "learning rate by hvd.size()")
 
 
-def build_face(face: FaceBase, base: type, method: type, arguments: dict[str, Any]) -> None:
+def build_face(face: FaceBase, base: type[FaceBase], method: type[Algorithm],
+               arguments: dict[str, Any]) -> None:
     """The ``__init__`` of every face class (the generated face modules): ``arguments`` (its
     ``locals()``) split into the method's, which build the algorithm, and the face's keyword-only
     options; an optimizer that asks for the Adam path builds the method with it (its defaults
     follow) unless ``adam=`` was given."""
-    options = {p.name for p in inspect.signature(base.__init__).parameters.values()
+    init = base.__init__
+    options = {p.name for p in inspect.signature(init).parameters.values()
                if p.kind is p.KEYWORD_ONLY}
     face_kwargs = {k: v for k, v in arguments.items() if k in options}
     method_kwargs = {k: v for k, v in arguments.items()
@@ -268,4 +270,4 @@ def build_face(face: FaceBase, base: type, method: type, arguments: dict[str, An
     path = base.adam_path_of(face_kwargs.get("optimizer"))
     if path is not None and method_kwargs.get("adam") is None:
         method_kwargs["adam"] = path
-    base.__init__(face, method(**method_kwargs), **face_kwargs)
+    init(face, method(**method_kwargs), **face_kwargs)

@@ -29,7 +29,7 @@ PACKAGES = {"numpy": ("numpy",), "torch": ("torch",), "tensorflow": ("tensorflow
             "tf-keras": ("tf-keras",), "horovod": ("horovod",), "triton": ("triton",)}
 SELF_TEST_SIZES = (3000, 40, 2000, 10)   # a small model: two weights, two biases
 # Plain error feedback everywhere (DGC's default momentum correction accumulates u, not g).
-SELF_TEST_OPTIONS = {"lags": {"merge_threshold": 0}, "dgc": {"momentum": 0.0}}
+SELF_TEST_OPTIONS: dict[str, dict[str, Any]] = {"lags": {"merge_threshold": 0}, "dgc": {"momentum": 0.0}}
 
 
 def versions() -> dict[str, str]:

@@ -100,7 +100,7 @@ log "torch==$torch_v, tensorflow-cpu==$tf_v"
 log "mpi4py==$mpi4py_v, build and test tools"
 "${pip[@]}" install "${constraints[@]}" "mpi4py==$mpi4py_v" \
     cloudpickle psutil pyyaml packaging cffi wheel setuptools \
-    numpy pytest pytest-timeout hypothesis ruff scikit-learn matplotlib
+    numpy pytest pytest-timeout hypothesis ruff mypy scikit-learn matplotlib
 # transformers for examples/gpt2.py: pure Python, and torch is already pinned above.
 "${pip[@]}" install "${constraints[@]}" "transformers==$(pin transformers)"
 # Triton at the version torch's CUDA build requires: the GPU kernels run on it, and on this CPU

@@ -263,7 +263,7 @@ def spell_out(init: Any) -> inspect.Signature:
     return signature.replace(parameters=params)
 
 
-def corrections_doc(exclude: set[str] = frozenset()) -> str:
+def corrections_doc(exclude: frozenset[str] | set[str] = frozenset()) -> str:
     """The "name: description" entries of the correction options (``Corrections``' Args), for
     the docstring of every method; ``exclude``: options the method documents itself."""
     doc = inspect.cleandoc(Corrections.__doc__ or "").partition("Args:\n")[2]

@@ -103,7 +103,7 @@ def build_unit_table(tensor_sizes: Sequence[int], world_size: int) -> UnitTable:
     return UnitTable(tuple(starts), tuple(sizes))
 
 
-def float32_norms(norms: Sequence[float]) -> list[float]:
+def float32_norms(norms: Sequence[float] | np.ndarray) -> list[float]:
     """Norms at float32 precision, non-finite ones as 0 (guards: see module docstring)."""
     out = []
     for w in np.asarray(norms, dtype=np.float64).astype(np.float32).tolist():

@@ -142,7 +142,9 @@ class DGC(Algorithm):
     scopes = (TENSOR, MODEL)
     packs_tensors = True
 
-    def __init__(self, density: float = 0.001, *, momentum: float | None = None, nesterov: bool = False,
+    # momentum, nesterov and momentum_masking are DGC's own (its momentum is None by default), which
+    # the corrections' TypedDict also names: mypy's overlap check is silenced for that reason.
+    def __init__(self, density: float = 0.001, *, momentum: float | None = None, nesterov: bool = False,  # type: ignore[misc]
                  momentum_masking: bool = True, sample_ratio: float = 0.01, strided_sample: bool = True,
                  upper: float = 1.3, lower: float = 0.8, max_adaptation_iters: int = 10,
                  resample: bool = True, warmup_epochs: int = 0, seed: int = 0, scope: str = TENSOR,

@@ -137,6 +137,11 @@ def block_edges(num_blocks: int, block: int, n: int) -> np.ndarray:
     return edges
 
 
+def pair(values: np.ndarray) -> tuple[int, int]:
+    """A neighbour's (count, blocks) as ints."""
+    return int(values[0]), int(values[1])
+
+
 def histogram_blocks(block_loads: np.ndarray, size: int) -> list[int] | None:
     """Blocks per partition that split the cumulative block load into N equal shares (each
     partition at least one block); None when there is no load to split."""
@@ -144,7 +149,7 @@ def histogram_blocks(block_loads: np.ndarray, size: int) -> list[int] | None:
     num_blocks, total = len(cumulative), float(cumulative[-1])
     if total <= 0.0:
         return None
-    cuts = []
+    cuts: list[int] = []
     for p in range(1, size):
         cut = int(np.searchsorted(cumulative, p * total / size, side="left")) + 1
         low = (cuts[-1] if cuts else 0) + 1      # partition p-1 keeps at least one block
@@ -217,9 +222,9 @@ class ExDyna(MiCRO):
         if not 0.0 <= float(histogram_decay) < 1.0:
             raise ConfigurationError(f"histogram_decay must be in [0, 1), got {histogram_decay!r}")
         self.histogram_decay = float(histogram_decay)
-        if not (num_blocks == "auto" or (is_integer(num_blocks) and num_blocks >= 1)):
+        if not (num_blocks == "auto" or (is_integer(num_blocks) and int(num_blocks) >= 1)):
             raise ConfigurationError(f"num_blocks must be a positive int or 'auto', got {num_blocks!r}")
-        self.num_blocks = num_blocks if num_blocks == "auto" else int(num_blocks)
+        self.num_blocks: int | str = num_blocks if num_blocks == "auto" else int(num_blocks)
         self.overload_ratio, self.underload_ratio = str(overload_ratio), str(underload_ratio)
         self._over, self._under = Fraction(self.overload_ratio), Fraction(self.underload_ratio)
         if not self._under < 1 < self._over:
@@ -236,10 +241,8 @@ class ExDyna(MiCRO):
     def reset_partitions(self, control: ExclusiveControl, ctx: StepContext) -> None:
         """The initial blocks; in neighbour mode only the partition this rank owns at this step,
         (t + r) mod N (t > 0 after a resume or an elastic reset), is known here."""
-        requested = self.num_blocks
-        if requested == "auto":
-            requested = max(PAPER_BLOCKS, 16 * ctx.size)
-        elif 4 * ctx.size > requested:
+        requested = max(PAPER_BLOCKS, 16 * ctx.size) if self.num_blocks == "auto" else int(self.num_blocks)
+        if 4 * ctx.size > requested:
             raise ConfigurationError(
                 f"ExDyna with {requested} blocks supports at most {requested // 4} ranks (the "
                 f"paper's N <= 256 for 1024 blocks); this job has {ctx.size}: pass "
@@ -341,8 +344,8 @@ class ExDyna(MiCRO):
         count = layout.own_count
         mine = b.from_numpy(np.array([count, blocks], dtype=np.int64))
         ((left, right),) = yield [Collective(NEIGHBOURS, f"{ctx.name}.loads", mine)]
-        left_info = tuple(int(x) for x in b.to_numpy(left)) if previous > 0 else None
-        right_info = tuple(int(x) for x in b.to_numpy(right)) if previous < size - 1 else None
+        left_info = pair(b.to_numpy(left)) if previous > 0 else None
+        right_info = pair(b.to_numpy(right)) if previous < size - 1 else None
         first, blocks, moved = neighbour_update(
             previous, ctx.step - 1, first, blocks, count, left_info, right_info,
             control.union_prev, layout.num_blocks, size, self._over, self._under)

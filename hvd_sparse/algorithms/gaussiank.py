@@ -46,7 +46,7 @@ import statistics
 import struct
 from collections.abc import Callable
 from dataclasses import dataclass, replace
-from typing import Any, Unpack
+from typing import Any, Unpack, cast
 
 import numpy as np
 
@@ -259,6 +259,7 @@ class OriginalCounts:
         again; a first read trusts the Gaussian model), and counts at the next thresholds the loop
         may need (``ahead``) and at a ladder that looks for such a threshold (``ladder``)."""
         t, settling = ahead[0], self.settling()
+        wanted: list[float]
         if self.numel <= HOST_ENTRIES:   # the whole vector
             at, wanted = -math.inf, []
         elif settling is not None:       # the fewest that settle every count
@@ -369,11 +370,13 @@ class GaussianK(Algorithm):
         selection: one read of ``a`` fewer than ``accumulate`` and ``select_local``, the same
         decisions."""
         b, options = ctx.backend, (clear_inputs, check_finite, ctx.momentum)
+        moments: list[tuple[float, float]]
         if ctx.members:
-            acc, moments, finite = b.accumulate_segment_moments(residual, tensors, list(ctx.sizes), *options)
+            acc, found, finite = b.accumulate_segment_moments(residual, tensors, list(ctx.sizes), *options)
+            moments = cast("list[tuple[float, float]]", found)
         else:
             acc, whole, finite = b.accumulate_moments(residual, tensors, *options)
-            moments = [whole]
+            moments = [cast("tuple[float, float]", whole)]
         if not finite:
             return Selected(acc, None, [], False)
         return Selected(acc, self._select_tensors(acc, moments, control, ctx), [], True)
@@ -390,7 +393,9 @@ class GaussianK(Algorithm):
                         ctx: StepContext) -> Any:
         """The selection in each tensor of ``tensor_segments`` on its own (``select_per_tensor``), from
         its (μ, σ) in ``moments``; λ is then their mean."""
-        thresholds, settled, tensor_moments = [], [], iter(moments)
+        thresholds: list[float] = []
+        settled: list = []
+        tensor_moments = iter(moments)
         hints = control.settled or ()
 
         def select(part: Any, numel: int) -> Any:

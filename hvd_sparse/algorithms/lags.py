@@ -227,7 +227,7 @@ class LAGS(Algorithm):
             raise ConfigurationError(
                 f"calibration_sizes must be two increasing element counts >= 1, e.g. (256, 262144), "
                 f"got {calibration_sizes!r}")
-        self.calibration_sizes = tuple(int(s) for s in sizes)
+        self.calibration_sizes = (int(sizes[0]), int(sizes[1]))
         if not is_integer(calibration_repeats) or calibration_repeats < 1:
             raise ConfigurationError(f"calibration_repeats must be an int >= 1, got {calibration_repeats!r}")
         self.calibration_repeats = int(calibration_repeats)

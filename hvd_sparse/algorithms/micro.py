@@ -373,7 +373,8 @@ class MiCRO(Algorithm):
         self.record_counts(control, outcome, ctx)
         control.last_step = ctx.step
         if self.starting(control) and outcome.piggyback is not None:
-            control.threshold = agreed_start(*(float(x) for x in outcome.piggyback), control.k)
+            log_sum, contributors = (float(x) for x in outcome.piggyback)
+            control.threshold = agreed_start(log_sum, contributors, control.k)
         elif self.threshold_scaling == "tracking" and outcome.piggyback is not None:
             below, above = (float(x) for x in outcome.piggyback)
             gain = 1.0

@@ -27,12 +27,17 @@ def get_backend(name: str) -> Backend:
     """The backend for 'numpy', 'torch' or 'tensorflow' (imported on first use)."""
     if name not in _INSTANCES:
         if name == "numpy":
-            from .numpy_backend import NumpyBackend as Implementation
+            from .numpy_backend import NumpyBackend
+
+            _INSTANCES[name] = NumpyBackend()
         elif name == "torch":
-            from .torch_backend import TorchBackend as Implementation
+            from .torch_backend import TorchBackend
+
+            _INSTANCES[name] = TorchBackend()
         elif name == "tensorflow":
-            from .tf_backend import TensorFlowBackend as Implementation
+            from .tf_backend import TensorFlowBackend
+
+            _INSTANCES[name] = TensorFlowBackend()
         else:
             raise ValueError(f"unknown backend {name!r}: use 'numpy', 'torch' or 'tensorflow'")
-        _INSTANCES[name] = Implementation()
     return _INSTANCES[name]

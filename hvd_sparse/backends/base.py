@@ -287,7 +287,7 @@ class Backend:
         """Set every tensor to zero in place (backends with mutable arrays only)."""
         raise NotImplementedError(f"the {self.name} backend's tensors are immutable")
 
-    def select_at_least(self, x: Array, lo: int, hi: int, threshold: float, probes: list[float] = (),
+    def select_at_least(self, x: Array, lo: int, hi: int, threshold: float, probes: Sequence[float] = (),
                         every: int = 1) -> tuple[Array, list[float]]:
         """What a threshold method reads off its accumulated vector x in [lo, hi): the ascending
         indices i (absolute) with |x_i| >= threshold, and ``count_at_least`` of |x[lo:hi]| at each
@@ -297,7 +297,7 @@ class Backend:
         return self.indices_where_at_least(magnitude, threshold, offset=lo), counts
 
     def accumulate_select(self, residual: Array, tensors: list[Array], lo: int, hi: int, threshold: float,
-                          probes: list[float] = (), every: int = 1, index_dtype: str = "int64",
+                          probes: Sequence[float] = (), every: int = 1, index_dtype: str = "int64",
                           clear_inputs: bool = False, check_finite: bool = False,
                           momentum: Momentum | None = None) -> Selected:
         """``accumulate`` then ``select_at_least`` on the result: ``Selected`` (accumulated vector,

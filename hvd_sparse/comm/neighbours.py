@@ -111,13 +111,16 @@ def mpi_exchange_for(process_set_is_global: bool, mpi_enabled: bool, rank: int =
     try:
         from mpi4py import MPI
     except ImportError:
-        return _fall_back("mpi4py is not installed")
+        _fall_back("mpi4py is not installed")
+        return None
     if MPI.Query_thread() < MPI.THREAD_MULTIPLE:
-        return _fall_back("MPI was initialized without MPI_THREAD_MULTIPLE (HOROVOD_MPI_THREADS_DISABLE=1?), "
-                          "and the exchange runs beside Horovod's own MPI thread")
+        _fall_back("MPI was initialized without MPI_THREAD_MULTIPLE (HOROVOD_MPI_THREADS_DISABLE=1?), "
+                   "and the exchange runs beside Horovod's own MPI thread")
+        return None
     if MPI.COMM_WORLD.Get_size() != size:
-        return _fall_back(f"Horovod runs on {size} of COMM_WORLD's {MPI.COMM_WORLD.Get_size()} processes "
-                          "(hvd.init(comm=...)), so COMM_WORLD ranks are not Horovod's")
+        _fall_back(f"Horovod runs on {size} of COMM_WORLD's {MPI.COMM_WORLD.Get_size()} processes "
+                   "(hvd.init(comm=...)), so COMM_WORLD ranks are not Horovod's")
+        return None
     horovod_rank_of_world = MPI.COMM_WORLD.allgather(rank)
     world_ranks = [0] * size
     for world, horovod in enumerate(horovod_rank_of_world):
@@ -129,6 +132,13 @@ class HorovodNeighbourChoice:
     """What the Horovod drivers (torch and TF) share: the neighbour exchange's transport, decided
     once, at the first neighbour exchange -- every rank reaches it at the same point of the same
     step. Needs ``process_set``, ``_hvd``, ``rank``, ``size`` and ``_mpi_decided = False``."""
+
+    process_set: Any
+    _hvd: Any
+    rank: int
+    size: int
+    _mpi_decided: bool
+    _mpi: MpiNeighbourExchange | None
 
     def _mpi_exchange(self) -> Any:
         """mpi4py point-to-point where MPI allows it (``mpi_exchange_for``), else None."""

@@ -23,7 +23,7 @@ from .traffic import bytes_per_rank, dense_traffic, steady_traffic
 
 DEFAULT_METHODS = ("exdyna", "micro", "deft", "lags", "topk", "dgc")
 # Options that make a method what users run: ExDyna with its density-holding threshold.
-OPTIONS = {"exdyna": {"threshold_scaling": "tracking"}}
+OPTIONS: dict[str, dict[str, Any]] = {"exdyna": {"threshold_scaling": "tracking"}}
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:

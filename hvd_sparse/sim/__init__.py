@@ -74,7 +74,8 @@ def make_algorithm(method: str | Algorithm, density: float, options: dict | None
         return method
     if method == DENSE:
         return DenseAverage()
-    return create(method, density=density, **(options or {}), **({"adam": adam} if adam else {}))
+    kwargs: dict[str, Any] = {**(options or {}), **({"adam": adam} if adam else {})}
+    return create(method, density=density, **kwargs)
 
 
 @dataclass(frozen=True)
@@ -130,7 +131,8 @@ def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: f
         raise ValueError(f"schedule must be one of {SCHEDULES}, got {schedule!r}")
     if task not in TASKS:
         raise ValueError(f"unknown task {task!r}; available: {', '.join(TASKS)}")
-    recipe = OptimizerRecipe(optimizer, lr, momentum, tuple(betas), weight_decay=weight_decay)
+    recipe = OptimizerRecipe(optimizer, lr, momentum, (float(betas[0]), float(betas[1])),
+                             weight_decay=weight_decay)
     if adam_path and (optimizer != "adamw" or clip_norm is not None or method == DENSE):
         raise ValueError("adam_path needs optimizer='adamw', a sparsifying method and no clip_norm "
                          "(the averaged result is an update, not a gradient)")
@@ -141,16 +143,16 @@ def simulate(method: str | Algorithm, world_size: int, steps: int, *, density: f
                          f"({algorithm.corrections.dense_steps} + {algorithm.corrections.warmup_steps})")
     job = TASKS[task](batch_size=batch_size, seed=seed, **(task_options or {}))
     ranks = SimulatedRanks.build(algorithm, job.model, world_size)
-    optimizer = recipe.build([p for _, p in ranks.named], applies_updates)
+    stepper = recipe.build([p for _, p in ranks.named], applies_updates)
     records = []
     for step in range(steps):
         started = time.perf_counter()
         if schedule == "cosine":
-            for param_group in optimizer.param_groups:
+            for param_group in stepper.param_groups:
                 param_group["lr"] = lr * 0.5 * (1.0 + math.cos(math.pi * step / steps))
         grads, losses = ranks.gradients(job, step)
         ranks.apply(ranks.average(grads, step), clip_norm)
-        optimizer.step()
+        stepper.step()
         record = _record(step, float(np.mean(losses)), ranks.engines)
         record["seconds"] = time.perf_counter() - started
         if evaluate_every > 0 and ((step + 1) % evaluate_every == 0 or step == steps - 1):

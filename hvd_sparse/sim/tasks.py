@@ -82,7 +82,7 @@ def digits_task(batch_size: int = 16, seed: int = 0, model: str = "cnn") -> Task
     x = torch.tensor(digits.images / 16.0, dtype=torch.float32)[:, None]
     y = torch.tensor(digits.target)
     x_train, x_test, y_train, y_test = train_test_split(x, y, test_size=0.25, random_state=seed)
-    model = DigitsCNN() if model == "cnn" else DigitsMLP()
+    module = DigitsCNN() if model == "cnn" else DigitsMLP()
 
     def batch(rank: int, step: int) -> tuple:
         rng = np.random.default_rng([seed, rank, step])
@@ -97,7 +97,7 @@ def digits_task(batch_size: int = 16, seed: int = 0, model: str = "cnn") -> Task
             accuracy = (module(x_test).argmax(1) == y_test).float().mean().item()
         return {"accuracy": accuracy}
 
-    return Task(f"digits-{'cnn' if isinstance(model, DigitsCNN) else 'mlp'}", model, loss, batch, evaluate)
+    return Task(f"digits-{'cnn' if isinstance(module, DigitsCNN) else 'mlp'}", module, loss, batch, evaluate)
 
 
 def digits_mlp_task(batch_size: int = 16, seed: int = 0) -> Task:

@@ -86,7 +86,9 @@ def corpus_text(max_chars: int = MAX_CHARS, root: Path | None = None,
                 scope: str = "top") -> tuple[str, tuple[str, ...]]:
     """(text, file names): the whole files of ``source_files`` in order, while they fit in
     ``max_chars`` characters (the first one always)."""
-    parts, names, size = [], [], 0
+    parts: list[str] = []
+    names: list[str] = []
+    size = 0
     base = Path(sysconfig.get_paths()["stdlib"]) if root is None else root
     for path in source_files(base, scope):
         text = path.read_text(encoding="utf-8", errors="replace")
@@ -190,8 +192,10 @@ def build_corpus(vocab_size: int, max_chars: int, scope: str = "top") -> WordCor
     splits = [codes[mask] for mask in (train, valid, test)]
     for split in splits:
         split.flags.writeable = False
-    return WordCorpus(vocab, *splits, sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(),
-                      files=files, python=platform.python_version(), scope=scope)
+    train_codes, valid_codes, test_codes = splits
+    return WordCorpus(vocab, train_codes, valid_codes, test_codes,
+                      sha256=hashlib.sha256(text.encode("utf-8")).hexdigest(), files=files,
+                      python=platform.python_version(), scope=scope)
 
 
 def word_batch(tokens: np.ndarray, rank: int, step: int, batch_size: int = 16, seq_len: int = 32,

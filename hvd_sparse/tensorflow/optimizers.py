@@ -66,7 +66,7 @@ class _AppliesUpdates:
 
     def get_config(self) -> dict:
         """Keras's, with the link's token (Horovod rebuilds the optimizer from it)."""
-        config = super().get_config()
+        config = super().get_config()  # type: ignore[misc]  # Keras's: this class mixes into one
         if self._hvd_sparse_link is not None:
             config[CONFIG_KEY] = self._hvd_sparse_link
         return config
@@ -75,8 +75,8 @@ class _AppliesUpdates:
         """``variable -= lr * update`` where the linked compressor delivered an update, else Keras's."""
         link = _LINKS.get(self._hvd_sparse_link) if self._hvd_sparse_link is not None else None
         if link is None or isinstance(gradient, tf.IndexedSlices) or not link.applies():
-            return super().update_step(gradient, variable)
-        lr = tf.cast(self.learning_rate, variable.dtype)
+            return super().update_step(gradient, variable)  # type: ignore[misc]  # Keras's
+        lr = tf.cast(self.learning_rate, variable.dtype)  # type: ignore[attr-defined]  # Keras's
         return variable.assign_sub(tf.cast(gradient, variable.dtype) * lr)
 
 

@@ -21,6 +21,7 @@ keep the parameters.
 from __future__ import annotations
 
 import weakref
+from functools import partial
 from typing import Any
 
 import torch
@@ -62,6 +63,8 @@ class _AppliesUpdates:
     """The Adam path's step, before torch's: delivered updates are applied as AdamW applies its
     own; torch's Adam/AdamW steps every other parameter."""
 
+    param_groups: list[dict[str, Any]]   # the torch optimizer's this class mixes into
+
     def step(self, closure: Any = None) -> Any:
         """Apply the delivered updates, then torch's step to the other parameters."""
         loss = None
@@ -84,7 +87,7 @@ class _AppliesUpdates:
                     p.grad = None   # torch's step leaves a parameter without gradient alone
         try:
             if any(p.grad is not None for group in self.param_groups for p in group["params"]):
-                super().step()
+                super().step()  # type: ignore[misc]  # torch's Adam/AdamW
         finally:
             for p, grad in hidden:
                 p.grad = grad
@@ -160,13 +163,18 @@ def _has_betas(optimizer: torch.optim.Optimizer) -> bool:
     return any("betas" in group for group in optimizer.param_groups)
 
 
+def _forget(key: int, _: Any) -> None:
+    """A linked parameter is gone: its entry goes too."""
+    _LINKS.pop(key, None)
+
+
 def link(optimizer: Any, path: AdamPath) -> AdamLink:
     """Link ``optimizer``'s parameters to a new ``AdamLink`` for ``path`` (a compressor's)."""
     shared = AdamLink(path)
     for group in optimizer.param_groups:
         for p in group["params"]:
             key = id(p)
-            _LINKS[key] = (weakref.ref(p, lambda _, key=key: _LINKS.pop(key, None)), shared)
+            _LINKS[key] = (weakref.ref(p, partial(_forget, key)), shared)
     return shared
 
 
@@ -183,6 +191,8 @@ def is_stock_adam(optimizer: Any) -> bool:
 class LinksTorchOptimizer:
     """What both PyTorch faces (Horovod's compressor, the DDP state) do with ``optimizer=``:
     FaceBase's hooks for torch optimizers, and the delivery of each step's updates."""
+
+    _adam_link: AdamLink | None   # FaceBase's, which this class mixes into
 
     @classmethod
     def adam_path_of(cls, optimizer: Any) -> AdamPath | None:

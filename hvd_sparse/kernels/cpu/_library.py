@@ -14,6 +14,7 @@ import ctypes
 import importlib.machinery
 import os
 from pathlib import Path
+from typing import Any
 
 from ...errors import ConfigurationError
 from .. import KernelUnavailable
@@ -94,7 +95,7 @@ def value_index_types() -> list[tuple]:
             for index, i in ((torch.int32, "i32"), (torch.int64, "i64"))]
 
 
-def bind(name: str, restype, argtypes: list) -> ctypes._CFuncPtr:
+def bind(name: str, restype: Any, argtypes: list) -> Any:
     """The library's function ``name`` with its C signature declared."""
     try:
         function = getattr(library(), name)

@@ -90,7 +90,10 @@ def accumulate_select(residual: torch.Tensor, tensors: list[torch.Tensor], lo: i
     """``accumulate``, and in the same pass the ascending indices in [lo, hi) with |a| >= threshold
     (rounded to the residual's dtype) and the probe counts of ``count_at_least``."""
     done = _run(residual, tensors, clear_inputs, lo, hi, threshold, probes, every, index_dtype)
-    return None if done is None else Selected(residual, *done, True)
+    if done is None:
+        return None
+    idx, counts = done
+    return Selected(residual, idx, counts, True)
 
 
 def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tensor], lo: int, hi: int,
@@ -112,7 +115,8 @@ def accumulate_select_if_finite(residual: torch.Tensor, tensors: list[torch.Tens
         if done is not None:
             if done is NOT_FINITE:
                 return Selected(residual, None, [], False)
-            return Selected(residual, *done, True)
+            idx, counts = done
+            return Selected(residual, idx, counts, True)
     finite = all_finite(tensors)
     if finite is None:
         return None
