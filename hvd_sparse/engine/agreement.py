@@ -131,3 +131,9 @@ def _describe_layout(mine: list | None, theirs: list | None, odd: list[int], fir
             ": every rank must train the same model" +
             (" (if they do, pass named_parameters to the compressor so that gradients are matched by "
              "name, not by the order of the backward hooks)" if by_arrival else ""))
+
+
+def layout_of(backend: Any, key: str, tensors: list[Any]) -> Layout:
+    """A bucket's layout for ``Engine.agree_on_config``: its tensors' (name, shape, dtype)."""
+    return [(f"{key}[{i}]" if len(tensors) > 1 else key, tuple(int(d) for d in t.shape),
+             backend.dtype_name(t)) for i, t in enumerate(tensors)]

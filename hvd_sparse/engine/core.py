@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import time
 import warnings
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -38,80 +37,19 @@ from ..algorithms.base import (
     check_choice,
 )
 from ..algorithms.dense import DenseAverage
-from ..backends import Backend, Momentum, index_dtype_for
+from ..backends import Backend, Momentum
 from ..comm import Protocol, timed
-from ..errors import ConfigurationError, RankMismatchError, UnsupportedTensorError
-from . import adam, clipping, patterns
-from .agreement import Layout, agree, config_fields
-from .stats import BucketStats, StepTimes, sum_times, summarize
+from ..errors import ConfigurationError
+from . import adam, checkpoint, clipping, patterns
+from .agreement import Layout, agree, config_fields, layout_of
+from .buckets import Bucket, Selection, new_bucket
+from .stats import BucketStats, StepTimes, last_step_stats, sum_times
 
-# Dtypes Horovod 0.28.1 can move in collectives (no bfloat16: docs/architecture.md#transport-dtypes).
-_TRANSPORTABLE = ("float16", "float32", "float64")
-_FLOATS = ("float16", "bfloat16", "float32", "float64")
-
-STATE_FORMAT = 1
 # What a rank does with a NaN/Inf gradient: send zeros and keep its residual ("skip", with a
 # warning), make every rank raise ("raise"), or not look (no check at all: "ignore").
 NONFINITE_POLICIES = ("skip", "raise", "ignore")
 # What selects in the dense steps and dense buckets of the corrections: everything, one allreduce.
 _DENSE = DenseAverage()
-
-
-@dataclass
-class Bucket:
-    """Everything one rank keeps about one bucket across steps."""
-
-    key: str
-    shapes: tuple[tuple[int, ...], ...]
-    dtypes: tuple[str, ...]
-    numel: int
-    residual: Any
-    value_dtype: str
-    index_dtype: str
-    sizes: tuple[int, ...] = ()     # element count of each tensor, in bucket order
-    step: int = 0
-    control: Any = None
-    stats: BucketStats | None = None
-    nonfinite_steps: int = 0
-    sent: tuple | None = None       # (indices, values) of the last step, for take_back
-    momentum: Any = None            # the momentum correction's velocity u (None: not started)
-    momentum_unmasked: Any = None   # u of the last step before masking (nonfinite="raise": for
-                                    # take_back)
-    second_moment: Any = None       # the Adam path's v (engine/adam.py; None: not started)
-    adam_before: Any = None         # (m, v) before the last dense Adam step (nonfinite="raise": for
-                                    # take_back)
-    dense: bool = False             # every tensor under ``dense_below``: always averaged densely
-    members: tuple[str, ...] = ()   # the tensors' own keys when it packs per-tensor steps
-    times: StepTimes | None = None  # where the current (or last) step's host time went
-
-
-@dataclass(frozen=True)
-class Selection:
-    """What steps 1 and 2 hand on: this rank's accumulated vector and indices."""
-
-    acc: Any              # gradient + residual (zeros on a non-finite step)
-    idx: Any              # this rank's indices, in the bucket's index dtype
-    selected: int
-    finite: bool          # the gradient was finite (or not checked: nonfinite="ignore")
-    cleared: bool         # the fused op already cleared the inputs (write_into_inputs)
-
-
-def check_gradient_dtype(key: str, dtype: str) -> None:
-    """Refuse a gradient the engine cannot sparsify; faces call it before any collective (at
-    trace time in TensorFlow) so every rank fails at the same point."""
-    if dtype not in _FLOATS:
-        raise UnsupportedTensorError(
-            f"gradient {key!r} has dtype {dtype}; sparsification needs real floating-point "
-            "gradients (float16, bfloat16, float32, float64): cast the parameter, or leave it out "
-            "of the compressed optimizer")
-
-
-def value_dtype_for(dtypes: tuple[str, ...]) -> str:
-    """Values travel in the gradients' own precision when Horovod can move it, else fp32."""
-    common = set(dtypes)
-    if len(common) == 1 and dtypes[0] in _TRANSPORTABLE:
-        return dtypes[0]
-    return "float32"
 
 
 class Engine:
@@ -162,7 +100,8 @@ class Engine:
         key = bucket.key
         bucket.sent = bucket.momentum_unmasked = bucket.adam_before = None
         if check_layout and not self._agreed & {key, "*"} and self.size > 1:
-            yield from self.agree_on_config(self.layout_of(key, tensors), [key], like=bucket.residual)
+            layout = layout_of(self.backend, key, tensors)
+            yield from self.agree_on_config(layout, [key], like=bucket.residual)
         self._agreed.add(key)
         ctx = self._context(bucket)
         method = self._method(bucket)
@@ -431,28 +370,9 @@ class Engine:
     def schedule(self, key: str, numel: int, dtypes: tuple[str, ...], sizes: tuple[int, ...] | None = None
                  ) -> list[list[tuple[str, str, str]]]:
         """The phases ``step(..., check_layout=False)`` will yield for a bucket, as
-        (op, name, dtype) triples, known before any data is seen: what a graph must be built with
-        in advance (TensorFlow per-tensor steps run each phase as graph ops)."""
-        if self.algorithm.select_collectives:
-            raise ConfigurationError(
-                f"{type(self.algorithm).__name__} exchanges messages while selecting and runs "
-                "only with scope='model' in TensorFlow")
-        if numel == 0:  # an empty bucket is returned as it is (see step)
-            return []
-        corrections = self.algorithm.corrections
-        if sizes is not None and self._is_dense(sizes):
-            pattern = _DENSE.pattern
-        elif corrections.dense_steps:
-            what = ("the Adam path averages its dense steps densely, which changes" if corrections.adam
-                    else "dense_steps changes")
-            raise ConfigurationError(
-                f"{what} the collectives of a step after the first steps, which a TensorFlow graph "
-                "built per tensor cannot follow: use scope='model' (one bucket, run eagerly)"
-                + ("" if corrections.adam else ", or warmup_steps, which keeps the collectives"))
-        else:
-            pattern = self.algorithm.pattern
-        return patterns.BY_NAME[pattern].schedule(
-            f"{self.prefix}.{key}", index_dtype_for(numel), value_dtype_for(dtypes))
+        (op, name, dtype) triples, known before any data is seen (patterns.graph_schedule)."""
+        dense = sizes is not None and self.is_dense(sizes)
+        return patterns.graph_schedule(self.algorithm, f"{self.prefix}.{key}", numel, dtypes, dense)
 
     def take_back(self, keys: list[str]) -> None:
         """Undo, on this rank, the last step of these buckets: what each sent goes back into its
@@ -473,12 +393,6 @@ class Engine:
         precision the residual held the rounding error there)."""
         b = self.backend
         return b.put(residual, idx, b.take(residual, idx) + b.cast(values, b.dtype_name(residual)))
-
-    def layout_of(self, key: str, tensors: list[Any]) -> Layout:
-        """A bucket's layout for ``agree_on_config``: its tensors' (name, shape, dtype)."""
-        b = self.backend
-        return [(f"{key}[{i}]" if len(tensors) > 1 else key, tuple(int(d) for d in t.shape),
-                 b.dtype_name(t)) for i, t in enumerate(tensors)]
 
     def agree_on_config(self, layout: Layout, buckets: list[str] | None = None,
                         like: Any = None) -> Protocol:
@@ -503,9 +417,9 @@ class Engine:
         return "*" in self._agreed
 
     def _bucket(self, key: str, tensors: list[Any], members: tuple[str, ...] = ()) -> Bucket:
-        b = self.backend
+        """The bucket ``key`` of these tensors: the existing one (same shapes), else a new one
+        (``buckets.new_bucket``), restored from a loaded checkpoint where it holds it."""
         shapes = tuple(tuple(int(d) for d in t.shape) for t in tensors)
-        dtypes = tuple(b.dtype_name(t) for t in tensors)
         bucket = self.buckets.get(key)
         if bucket is not None:
             if bucket.shapes != shapes:
@@ -513,71 +427,31 @@ class Engine:
                     f"bucket {key!r} changed shape from {bucket.shapes} to {shapes}; a compressor "
                     "instance serves one model: create a new one for another model")
             return bucket
-        for dtype in dtypes:
-            check_gradient_dtype(key, dtype)
-        algorithm = self.algorithm
-        if members and not (algorithm.tensor_packing and len(members) == len(tensors)):
-            raise ConfigurationError(
-                f"bucket {key!r} packs {len(members)} per-tensor steps for {len(tensors)} tensors with "
-                f"{type(algorithm).__name__}(scope={algorithm.scope!r}), which "
-                + ("needs a key per tensor" if algorithm.tensor_packing
-                   else "selects per tensor only in buckets of its own, and only in scope 'tensor'"))
-        sizes = tuple(int(np.prod(s, dtype=np.int64)) for s in shapes)
-        numel = sum(sizes)
-        if numel == 0:
-            raise UnsupportedTensorError(f"bucket {key!r} is empty: nothing to sparsify")
-        residual_dtype = "float64" if "float64" in dtypes else "float32"
-        like = tensors[0]
-        bucket = Bucket(key=key, shapes=shapes, dtypes=dtypes, numel=numel,
-                        residual=b.zeros(numel, residual_dtype, like=like),
-                        value_dtype=value_dtype_for(dtypes), index_dtype=index_dtype_for(numel),
-                        sizes=sizes, dense=self._is_dense(sizes), members=members)
-        self.buckets[key] = bucket
-        saved = self._saved_for(bucket)
+        bucket = self.buckets[key] = new_bucket(key, tensors, members, self.algorithm, self.backend,
+                                                self.is_dense)
+        saved = checkpoint.take_saved(self._restored, bucket)
         if saved is not None:
-            self._restore(bucket, saved, like)
+            checkpoint.restore(self, bucket, saved, tensors[0])
         return bucket
-
-    def _saved_for(self, bucket: Bucket) -> dict | None:
-        """The restored state of a new bucket: its own, or -- across a change of packing
-        (``step``'s ``members``) -- its members' states joined, or its part of a packed bucket's."""
-        if bucket.key in self._restored:
-            return self._restored.pop(bucket.key)
-        if bucket.members and all(m in self._restored for m in bucket.members):
-            return _joined([self._restored.pop(m) for m in bucket.members])
-        for key, saved in self._restored.items():
-            if bucket.key in saved.get("members", ()):
-                taken = {*saved.get("taken", ()), bucket.key}
-                if len(taken) == len(saved["members"]):
-                    del self._restored[key]   # every part taken
-                else:
-                    self._restored[key] = {**saved, "taken": taken}
-                return _part_of(saved, saved["members"].index(bucket.key))
-        return None
 
     def _restore_existing(self) -> None:
         """Restore the buckets that exist already from what was just loaded (``_restored``)."""
         for bucket in self.buckets.values():
-            saved = self._saved_for(bucket)
+            saved = checkpoint.take_saved(self._restored, bucket)
             if saved is not None:
-                self._restore(bucket, saved, bucket.residual)
+                checkpoint.restore(self, bucket, saved, bucket.residual)
 
-    def _is_dense(self, sizes: tuple[int, ...]) -> bool:
+    def is_dense(self, sizes: tuple[int, ...]) -> bool:
         """A bucket of tensors that are all under ``dense_below`` is always averaged densely."""
         return all(self.algorithm.corrections.is_dense_tensor(n) for n in sizes)
 
-    # --- statistics and checkpoints --------------------------------------------------------------
+    # --- statistics and checkpoints (engine/checkpoint.py) ---------------------------------------
     def stats(self) -> dict:
         """The last step, summed over buckets (see engine/stats.py for the fields)."""
-        latest = [bk.stats for bk in self.buckets.values() if bk.stats is not None]
         last = max((bk.step for bk in self.buckets.values()), default=1) - 1
-        # the last step's target: during dense steps and a warm-up, the schedule's
-        target = self.algorithm.corrections.density_at(self.algorithm.density, max(last, 0))
-        out = summarize(latest, target)
         controls = {key: bk.control for key, bk in self._sparse_buckets().items()}
-        out.update(self.algorithm.model_stats(controls))
-        out.update(self.totals)
-        return out
+        return {**last_step_stats(self.algorithm, list(self.buckets.values()), last, controls),
+                **self.totals}
 
     def step_times(self) -> dict:
         """Where the last step's host time went, summed over buckets (``<part>_seconds`` of
@@ -585,47 +459,16 @@ class Engine:
         return sum_times([bk.times for bk in self.buckets.values() if bk.times is not None])
 
     def state_dict(self) -> dict:
-        """This rank's state: residuals (as NumPy) and the rank-consistent control state."""
-        b = self.backend
-        return {
-            "format": STATE_FORMAT,
-            "algorithm": self.algorithm.name,
-            "hyperparameters": self.algorithm.describe(),
-            "rank": self.rank,
-            "size": self.size,
-            "totals": dict(self.totals),
-            "buckets": {
-                key: {"shapes": bk.shapes, "step": bk.step, "members": bk.members,
-                      "residual": b.to_numpy(bk.residual).copy(),
-                      "momentum": None if bk.momentum is None else b.to_numpy(bk.momentum).copy(),
-                      "second_moment": None if bk.second_moment is None
-                      else b.to_numpy(bk.second_moment).copy(),
-                      "control": None if bk.control is None else self.algorithm.control_state(bk.control)}
-                for key, bk in self.buckets.items()
-            },
-        }
+        """This rank's state: residuals (as NumPy) and the rank-consistent control state
+        (engine/checkpoint.py has the format)."""
+        return checkpoint.state_of(self)
 
     def load_state_dict(self, state: dict) -> None:
         """Restore a checkpoint taken by ``state_dict`` on this rank. At another world size, load
         any rank's file on every rank (e.g. that of rank ``r % old_size``): residuals are reset,
         the step and control state carry over. Buckets not created yet are restored when they
         first appear."""
-        if state.get("format") != STATE_FORMAT:
-            raise ConfigurationError(f"unknown checkpoint format {state.get('format')!r}")
-        if state["algorithm"] != self.algorithm.name:
-            raise ConfigurationError(
-                f"checkpoint is from {state['algorithm']!r}, this compressor runs "
-                f"{self.algorithm.name!r}: load it into the same method")
-        if state["size"] != self.size:
-            # Any rank's file will do: residuals are dropped, and the step counter and control
-            # state are the same in every rank's file.
-            warnings.warn(
-                f"hvd_sparse: checkpoint taken at world size {state['size']}, resuming at {self.size}:"
-                " residuals are reset and rank-dependent control state is rebuilt", stacklevel=2)
-        elif state["rank"] != self.rank:
-            raise RankMismatchError(
-                f"checkpoint of rank {state['rank']} loaded on rank {self.rank}: residuals are per "
-                "rank; save and load one file per rank (e.g. suffix the path with hvd.rank())")
+        checkpoint.check_loadable(state, self)
         self._restored_size = state["size"]
         self._restored = dict(state["buckets"])
         self.totals.update(state.get("totals", {}))
@@ -635,27 +478,7 @@ class Engine:
         """The rank-independent part of ``state`` (default: this engine's ``state_dict``): no
         residuals, each bucket's step and ``Algorithm.agreed_control``. What every process adopts
         from one rank on an elastic reset (``adopt``)."""
-        state = self.state_dict() if state is None else state
-        return {**{k: v for k, v in state.items() if k not in ("buckets", "rank", "totals")},
-                "buckets": {key: {"shapes": saved["shapes"], "step": saved["step"],
-                                  "members": saved.get("members", ()),
-                                  "second_moment": saved.get("second_moment"),
-                                  "preconditioner": saved.get("preconditioner"),   # older files
-                                  "agreed_momentum": saved.get("momentum") if self._global_momentum(saved)
-                                  else None,
-                                  "control": None if saved["control"] is None
-                                  else self.algorithm.agreed_control(saved["control"])}
-                            for key, saved in state["buckets"].items()}}
-
-    def _global_momentum(self, saved: dict) -> bool:
-        """Whether a saved bucket's velocity is the same on every rank: the Adam path's m up to its
-        first sparse step (the dense steps take it from the average), and always in a bucket of
-        ``dense_below`` tensors."""
-        corrections = self.algorithm.corrections
-        if corrections.adam is None:
-            return False
-        sizes = tuple(int(np.prod(shape, dtype=np.int64)) for shape in saved["shapes"])
-        return saved["step"] <= corrections.dense_steps or self._is_dense(sizes)
+        return checkpoint.agreed_part(self, self.state_dict() if state is None else state)
 
     def adopt(self, agreed: dict, residuals: dict[str, np.ndarray] | None = None,
               momenta: dict[str, np.ndarray | None] | None = None) -> None:
@@ -669,81 +492,6 @@ class Engine:
             raise ConfigurationError(
                 f"state of {agreed['algorithm']!r} adopted by a compressor running "
                 f"{self.algorithm.name!r}: every rank must run the same method")
-        own, velocities = residuals or {}, momenta or {}
         self._restored_size = agreed["size"]
-        self._restored = {key: {**saved, "residual": own.get(key), "own_residual": True,
-                                "momentum": velocities.get(key) if saved.get("agreed_momentum") is None
-                                else saved["agreed_momentum"]}
-                          for key, saved in agreed["buckets"].items()}
+        self._restored = checkpoint.adopted(agreed, residuals or {}, momenta or {})
         self._restore_existing()
-
-    def _restore(self, bucket: Bucket, saved: dict, like: Any) -> None:
-        if tuple(map(tuple, saved["shapes"])) != bucket.shapes:
-            raise ConfigurationError(
-                f"checkpoint bucket {bucket.key!r} has shapes {saved['shapes']}, the model has "
-                f"{bucket.shapes}")
-        bucket.step = int(saved["step"])
-        same_world = self._restored_size == self.size
-        if same_world or saved.get("own_residual"):   # per process: kept, else restarted
-            dtype = self.backend.dtype_name(bucket.residual)
-            if saved["residual"] is not None:
-                bucket.residual = self.backend.from_numpy(saved["residual"].astype(dtype), like=like)
-            # Checkpoints taken before the engine kept DGC's velocity hold it in DGC's control.
-            momentum = saved.get("momentum", (saved["control"] or {}).get("momentum")
-                                 if isinstance(saved["control"], dict) else None)
-            if momentum is not None:
-                bucket.momentum = self.backend.from_numpy(np.asarray(momentum).astype(dtype), like=like)
-        if saved.get("second_moment") is not None or saved.get("preconditioner") is not None:
-            self._restore_adam(bucket, saved, like)
-        if saved["control"] is None:   # saved during the dense steps, or a dense bucket
-            return
-        ctx = self._context(bucket)
-        with warnings.catch_warnings():
-            if saved.get("own_residual"):   # an elastic reset: "rebuilt for N ranks" is expected
-                warnings.simplefilter("ignore")
-            bucket.control = self.algorithm.load_control(saved["control"], ctx, self._restored_size)
-
-
-    def _restore_adam(self, bucket: Bucket, saved: dict, like: Any) -> None:
-        """The Adam path's moments at any world size: a rank's own m and v (the same on every rank
-        during the dense steps) are a sound start for any process, as the ranks' moments differ
-        only by their gradients' noise. Files of the frozen path hold v's preconditioner instead."""
-        b, dtype = self.backend, self.backend.dtype_name(bucket.residual)
-        corrections = self.algorithm.corrections
-        second = adam.saved_second_moment(saved, corrections.adam, corrections.dense_steps)
-        for field, value in (("second_moment", second), ("momentum", saved.get("momentum"))):
-            if value is not None:
-                setattr(bucket, field, b.from_numpy(np.asarray(value).astype(dtype), like=like))
-
-
-def _joined(parts: list[dict]) -> dict:
-    """Saved states of buckets of one tensor each as the state of one bucket packing them: the
-    residuals and velocities end to end (zeros where a part has none), the step of the first (every
-    rank steps every bucket together), no control state (the packed bucket starts its own)."""
-    def joined(field: str) -> np.ndarray | None:
-        arrays = [part.get(field) for part in parts]
-        if all(a is None for a in arrays):
-            return None
-        sizes = [int(np.prod(part["shapes"][0], dtype=np.int64)) for part in parts]
-        return np.concatenate([np.zeros(n, np.float64) if a is None else np.asarray(a).reshape(-1)
-                               for a, n in zip(arrays, sizes, strict=True)])
-    return {"shapes": [tuple(part["shapes"][0]) for part in parts], "step": parts[0]["step"],
-            "residual": joined("residual"), "momentum": joined("momentum"),
-            "second_moment": joined("second_moment"), "preconditioner": joined("preconditioner"),
-            "control": None,
-            "own_residual": parts[0].get("own_residual", False)}
-
-
-def _part_of(saved: dict, position: int) -> dict:
-    """The saved state of the ``position``-th tensor of a packed bucket as a bucket of its own
-    (no control state: it starts its own)."""
-    sizes = [int(np.prod(shape, dtype=np.int64)) for shape in saved["shapes"]]
-    lo = sum(sizes[:position])
-
-    def part(field: str) -> np.ndarray | None:
-        array = saved.get(field)
-        return None if array is None else np.asarray(array).reshape(-1)[lo:lo + sizes[position]].copy()
-    return {"shapes": [tuple(saved["shapes"][position])], "step": saved["step"], "residual": part("residual"),
-            "momentum": part("momentum"), "second_moment": part("second_moment"),
-            "preconditioner": part("preconditioner"), "control": None,
-            "own_residual": saved.get("own_residual", False)}

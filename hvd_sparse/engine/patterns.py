@@ -13,9 +13,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-from ..algorithms.base import GATHER, SHARED, UNION, StepContext
-from ..backends import Backend
+from ..algorithms.base import GATHER, SHARED, UNION, Algorithm, StepContext
+from ..backends import Backend, index_dtype_for
 from ..comm import ALLGATHER, ALLREDUCE, Collective, Phase, Protocol
+from ..errors import ConfigurationError
+from .buckets import value_dtype_for
 
 ITEMSIZE = {"float16": 2, "bfloat16": 2, "float32": 4, "float64": 8, "int32": 4, "int64": 8}
 IDX, VAL = "idx", "val"    # a bucket's collectives: f"{ctx.name}.idx", f"{ctx.name}.val"
@@ -138,6 +140,32 @@ class Shared(Pattern):
 
 
 BY_NAME: dict[str, Pattern] = {pattern.name: pattern for pattern in (Gather(), Union(), Shared())}
+
+
+def graph_schedule(algorithm: Algorithm, name: str, numel: int, dtypes: tuple[str, ...], dense: bool
+                   ) -> list[list[tuple[str, str, str]]]:
+    """The phases of a bucket's step as (op, name, dtype) triples, known before any data is seen:
+    what a graph must be built with in advance (TensorFlow per-tensor steps run each phase as
+    graph ops). ``dense``: a bucket of ``dense_below`` tensors, always averaged densely."""
+    if algorithm.select_collectives:
+        raise ConfigurationError(
+            f"{type(algorithm).__name__} exchanges messages while selecting and runs "
+            "only with scope='model' in TensorFlow")
+    if numel == 0:  # an empty bucket is returned as it is (Engine.step)
+        return []
+    corrections = algorithm.corrections
+    if dense:
+        pattern = SHARED
+    elif corrections.dense_steps:
+        what = ("the Adam path averages its dense steps densely, which changes" if corrections.adam
+                else "dense_steps changes")
+        raise ConfigurationError(
+            f"{what} the collectives of a step after the first steps, which a TensorFlow graph "
+            "built per tensor cannot follow: use scope='model' (one bucket, run eagerly)"
+            + ("" if corrections.adam else ", or warmup_steps, which keeps the collectives"))
+    else:
+        pattern = algorithm.pattern
+    return BY_NAME[pattern].schedule(name, index_dtype_for(numel), value_dtype_for(dtypes))
 
 
 def _send(out: Outgoing, at: Any, ctx: StepContext) -> tuple[Any, Any]:

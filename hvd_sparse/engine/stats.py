@@ -106,3 +106,13 @@ def summarize(buckets: list[BucketStats], density_target: float) -> dict:
             if all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values):
                 out[key] = sum(values) / len(values)
     return out
+
+
+def last_step_stats(algorithm: Any, buckets: list[Any], last: int, controls: dict) -> dict:
+    """An engine's last step (``last``), summed over its buckets against the step's target (during
+    dense steps and a warm-up, the schedule's), with the method's own figures from ``controls``
+    (the buckets it ran on)."""
+    target = algorithm.corrections.density_at(algorithm.density, max(last, 0))
+    out = summarize([bk.stats for bk in buckets if bk.stats is not None], target)
+    out.update(algorithm.model_stats(controls))
+    return out

@@ -52,7 +52,7 @@ from ..backends.tf_backend import Packed, unpack
 from ..comm import Collective, run_blocking
 from ..comm.horovod_tf import HorovodTFComm
 from ..engine import Engine
-from ..engine.core import check_gradient_dtype
+from ..engine.buckets import check_gradient_dtype
 from ..errors import ConfigurationError, RankMismatchError
 from ..faces import FaceBase, refuse_reduction_op
 from .horovod_internals import calling_allreduce_op, calling_keras_optimizer

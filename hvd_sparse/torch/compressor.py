@@ -54,7 +54,7 @@ from ..backends import get_backend
 from ..comm import run_blocking
 from ..comm.horovod_torch import AsyncProtocols, HorovodTorchComm
 from ..engine import Engine
-from ..engine.core import check_gradient_dtype
+from ..engine.buckets import check_gradient_dtype
 from ..errors import ConfigurationError
 from ..faces import FaceBase, refuse_reduction_op
 from .horovod_internals import calling_optimizer

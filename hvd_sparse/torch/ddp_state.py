@@ -34,7 +34,7 @@ from ..backends import get_backend
 from ..comm import run_blocking
 from ..comm.torch_distributed import SerialWorker, TorchDistributedComm, run_together
 from ..engine import Engine
-from ..engine.core import check_gradient_dtype
+from ..engine.buckets import check_gradient_dtype
 from ..errors import ConfigurationError, UnsupportedTensorError
 from ..faces import FaceBase
 from .optim import LinksTorchOptimizer
