@@ -180,8 +180,8 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "python scripts/lever_safety.py --jobs 2"),
     ("scale/summary.md", "Scale: where sparsification pays, 2 to 1024 ranks (projection)",
      "python scripts/scale_summary.py (after `python scripts/scale.py --validate "
-     "bench/scale/validate-e2e.json`, seconds, and `python scripts/scale_tta.py --curves --sizes 16`, "
-     "about 70 minutes)"),
+     "bench/scale/validate-e2e.json bench/scale/validate-e2e-4ranks.json`, seconds, and `python "
+     "scripts/scale_tta.py --curves --sizes 16`, about 70 minutes)"),
 ]
 
 

@@ -57,9 +57,12 @@ def test_crossover_is_the_first_n_from_which_a_method_stays_ahead():
 
 def test_the_validation_verdict_needs_the_median_and_every_pair():
     fit = {op: {"overhead": 1e-3, "bandwidth": 1e9} for op in ("allreduce", "allgather")}
-    rows = [{"model": "m", "net": "1gbit", "config": c, "measured": 1.0, "predicted": 1.0 + e, "error": e}
-            for c, e in (("a", 0.1), ("b", -0.12), ("c", 0.05))]
+    rows = [{"model": "m", "size": 2, "net": "1gbit", "config": c, "measured": 1.0, "predicted": 1.0 + e,
+             "error": e} for c, e in (("a", 0.1), ("b", -0.12), ("c", 0.05))]
     assert "NOT met" not in "\n".join(scale.validation_markdown(rows, {"1gbit": fit}))
+    rows.append({**rows[0], "size": 4, "config": "e", "error": 0.9})   # 4 ranks: shown, not judged
+    text = "\n".join(scale.validation_markdown(rows, {"1gbit": fit}))
+    assert "NOT met" not in text and "| m | 4 | 1gbit | e |" in text
     rows.append({**rows[0], "config": "d", "error": 0.31})
     assert "NOT met" in "\n".join(scale.validation_markdown(rows, {"1gbit": fit}))
 
