@@ -461,6 +461,43 @@ def gpu_lines(bench: Path) -> list[str]:
     return lines
 
 
+README_START = ("<!-- written by scripts/report.py from bench/e2e-phases.json and "
+                "bench/time-to-accuracy/tta.json -->")
+README_END = "<!-- end of the table written by scripts/report.py -->"
+
+
+def readme_table(bench: Path) -> list[str]:
+    """The README's first table: ExDyna (tracking) beside dense on the 25M-parameter MLP's end-to-end
+    job and the word-level LSTM's time to accuracy (2 ranks, 1 Gbit/s), from those runs' files."""
+    jobs = json.loads((bench / "e2e-phases.json").read_text())["jobs"]
+    (job,) = [j for j in jobs if j["model"] == "mlp25m"]
+    runs = {name: job["summary"][name] for name in ("dense", "exdyna-tracking", "local")}
+    ratio = runs["exdyna-tracking"]["ratio_to_dense"]["median"]   # paired with dense, step by step
+    step = {name: run["step_seconds"]["median"] * 1e3 for name, run in runs.items()}
+    tta = json.loads((bench / "time-to-accuracy" / "tta.json").read_text())["table"]["1gbit"]["2"]
+    dense, ours = tta["rows"]["dense"], tta["rows"]["exdyna-tracking"]
+    local = tta["local_step_seconds"] * 1e3
+    return ["| | dense allreduce | ExDyna |", "|---|---|---|",
+            f"| bytes a rank sends per step, 25M-parameter MLP | {runs['dense']['bytes_sent'] / 1e6:.1f} "
+            f"MB | {runs['exdyna-tracking']['bytes_sent'] / 1e6:.2f} MB |",
+            f"| step time, the same model | {step['dense']:.0f} ms | {step['exdyna-tracking']:.0f} ms "
+            f"({ratio:.2f}x; computation alone: {step['local']:.0f} ms) |",
+            f"| step time, word-level LSTM (6.2M parameters) | {dense['step_seconds'] * 1e3:.0f} ms | "
+            f"{ours['step_seconds'] * 1e3:.0f} ms ({ours['step_seconds'] / dense['step_seconds']:.2f}x; "
+            f"computation alone: {local:.0f} ms) |",
+            f"| time to dense's held-out perplexity, word-level LSTM | {dense['seconds']:.0f} s | "
+            f"{ours['seconds']:.0f} s ({ours['speedup']:.2f}x sooner) |"]
+
+
+def with_readme_table(readme: str, table: list[str]) -> str:
+    """``readme`` with the text between its table markers replaced by ``table``."""
+    head, start, rest = readme.partition(README_START + "\n")
+    _, end, tail = rest.partition(README_END)
+    if not (start and end):
+        raise SystemExit(f"README.md lacks the markers {README_START!r} ... {README_END!r}")
+    return head + start + "\n".join(table) + "\n" + end + tail
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--bench-dir", default="bench")
@@ -485,7 +522,10 @@ def main() -> None:
     page += gpu_lines(bench)
     archive.write_text("\n".join(rest) + "\n")
     out.write_text("\n".join(page) + "\n")
-    print(f"wrote {out} and {archive}")
+    readme = out.with_name("README.md")
+    if readme.exists() and (bench / "e2e-phases.json").exists():
+        readme.write_text(with_readme_table(readme.read_text(), readme_table(bench)))
+    print(f"wrote {out}, {archive} and the first table of {readme}")
 
 
 if __name__ == "__main__":

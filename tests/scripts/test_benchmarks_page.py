@@ -27,3 +27,12 @@ def test_the_page_is_regenerated_from_bench_as_committed(tmp_path):
 
 def test_the_page_is_short_enough_to_read():
     assert len((REPO / "BENCHMARKS.md").read_text().splitlines()) <= PAGE_LINES
+
+
+def test_the_readme_first_table_is_read_from_the_benchmark_results():
+    import report
+
+    readme = (REPO / "README.md").read_text()
+    assert readme == report.with_readme_table(readme, report.readme_table(REPO / "bench")), (
+        "README.md's first table differs from the results: run `python scripts/report.py`")
+    assert "| step time, the same model |" in readme
