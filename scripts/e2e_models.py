@@ -65,9 +65,8 @@ CATALOG: dict[str, dict] = {
     "word-gpt": {"kind": "tokens", "classes": 4096, "unit": "tokens/s", "seq_len": 32, "context": 64},
 }
 MODELS = tuple(CATALOG)
-
-# The transformer's shape (``gpt``): layers, width, heads, vocabulary, context.
-GPT = {"layers": 6, "width": 512, "heads": 8, "vocab": 16384, "context": 128}
+# The transformer's shape (``gpt``: layers, width, heads, vocabulary, context) is e2e_sizes.GPT,
+# which the framework modules import (they cannot import this module, which imports them).
 
 
 @dataclass

@@ -10,7 +10,7 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf
-from e2e_models import GPT
+from e2e_sizes import GPT
 
 layers = tf.keras.layers
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 
 import torch
-from e2e_models import GPT
+from e2e_sizes import GPT
 from torch import nn
 from torch.nn import functional as F
 
