@@ -54,8 +54,8 @@ from ..backends import get_backend
 from ..comm import run_blocking
 from ..comm.horovod_torch import AsyncProtocols, HorovodTorchComm
 from ..engine import Engine
+from ..engine.assembly import Arrivals, Plan
 from ..engine.buckets import check_gradient_dtype
-from ..errors import ConfigurationError
 from ..faces import FaceBase, refuse_reduction_op
 from .horovod_internals import calling_optimizer
 from .optim import LinksTorchOptimizer, optimizer_momentum  # noqa: F401  (public here too)
@@ -72,9 +72,7 @@ class _Step:
 
     began: float = 0.0                 # perf_counter() at the step's first gradient
     measuring: bool = False            # hooks wait for the device (LAGS's profiling steps, GPU)
-    arrived: dict[str, torch.Tensor] = field(default_factory=dict)   # the gradients, by key
-    arrival: dict[str, float] = field(default_factory=dict)          # ... s after ``began``
-    started: set[str] = field(default_factory=set)   # buckets whose protocol was started
+    arrivals: Arrivals = field(default_factory=Arrivals)   # the gradients, when, buckets started
     flushed: bool = False              # the first decompress has finished every bucket
     outstanding: int = 0               # compress calls not yet matched by a decompress
     failed: FloatingPointError | None = None   # raised at the step's last decompress
@@ -128,8 +126,7 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
                                      for name, param in named_parameters if param.requires_grad]
         self._config_checked = False
         self._protocols: AsyncProtocols | None = None       # made with the engine
-        self._members: dict[str, list[str]] = {}            # bucket -> its tensors' keys (the plan)
-        self._bucket_of: dict[str, tuple[str, int]] = {}     # tensor key -> (bucket, position)
+        self._planned = Plan()                              # the method's buckets over the keys
         self._warned_unmatched = False
         self._param_of: dict[str, torch.nn.Parameter | None] = {}   # Adam path: key -> parameter
         self._step = _Step()
@@ -180,7 +177,7 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
             step.outstanding -= 1
             if step.failed is not None:
                 return self._after_failure(ctx)
-            bucket, position = self._bucket_of[ctx]
+            bucket, position = self._planned.bucket_of[ctx]
             return self._running().results[bucket][position]
         finally:
             step.decompress_ended = time.perf_counter()
@@ -217,10 +214,9 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
         step = self._step
         step.outstanding += 1
         key = self._key_for(tensor)
-        step.arrived[key] = tensor
-        step.arrival[key] = now - step.began
-        planned = self._bucket_of.get(key)
-        if planned is not None and all(m in step.arrived for m in self._members[planned[0]]):
+        step.arrivals.file(key, tensor, now)
+        planned = self._planned.bucket_of.get(key)
+        if planned is not None and step.arrivals.complete(self._planned, planned[0]):
             self._start(planned[0])  # the bucket is complete: communicate during backward
         return key
 
@@ -229,14 +225,15 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
         gradients), check the layout where ``named_parameters`` could not, start every bucket not
         started yet, drive every protocol to completion, then run the once-per-step protocol."""
         engine, protocols, step = self._ensure_engine(), self._running(), self._step
-        if set(step.arrived) != set(self._bucket_of):
+        arrived = step.arrivals.tensors
+        if not self._planned.covers(arrived):
             self._make_plan()
         if not engine.config_agreed():  # without named_parameters: the layout seen now
             layout = [(key, tuple(t.shape), get_backend("torch").dtype_name(t))
-                      for keys in self._members.values() for key in keys for t in [step.arrived[key]]]
+                      for keys in self._planned.members.values() for key in keys for t in [arrived[key]]]
             run_blocking(engine.agree_on_config(layout, like=like), protocols.comm.execute)
-        for bucket in self._members:
-            if bucket not in step.started:
+        for bucket in self._planned.members:
+            if bucket not in step.arrivals.started:
                 self._start(bucket)
         try:
             protocols.finish_all()
@@ -251,11 +248,11 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
             engine.take_back(list(protocols.results))
             step.outstanding = 0
             raise
-        ready = {bucket: max(step.arrival[key] for key in keys) for bucket, keys in self._members.items()}
+        ready = step.arrivals.ready_times(self._planned)
         began = time.perf_counter()
         run_blocking(engine.end_step(ready), protocols.comm.execute)
         step.end_step_seconds += time.perf_counter() - began
-        self._deliver(p for p in (self._param_of.get(key) for key in step.arrived) if p is not None)
+        self._deliver(p for p in (self._param_of.get(key) for key in arrived) if p is not None)
 
     def _after_failure(self, key: str) -> torch.Tensor:
         """A decompress of a step that raised: raise at the last one, so Horovod has waited for
@@ -265,7 +262,7 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
         (docs/usage.md#non-finite-gradients)."""
         step = self._step
         if step.outstanding > 0:
-            return step.arrived[key]
+            return step.arrivals.tensors[key]
         raise step.failed
 
     # --- what only this face measures -----------------------------------------------------------
@@ -384,20 +381,18 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
     def _begin_step(self, now: float, measuring: bool) -> None:
         """A new step from its first gradient, at ``now``; the last step's protocols are dropped."""
         self._running().clear()
-        self._step = _Step(began=now, measuring=measuring)
+        self._step = _Step(began=now, measuring=measuring, arrivals=Arrivals(began=now))
 
     def _start(self, bucket: str) -> None:
         """Start the bucket's protocol (its collectives issued asynchronously)."""
-        keys = self._members[bucket]
-        tensors = [self._step.arrived[key] for key in keys]
-        members = self.algorithm.step_members(keys)
+        tensors = self._step.arrivals.take(self._planned, bucket)
+        members = self.algorithm.step_members(self._planned.members[bucket])
         self._running().start(bucket, self._ensure_engine().step(bucket, tensors, members=members))
-        self._step.started.add(bucket)
 
     def _make_plan(self) -> None:
         """Buckets over the gradients that arrived, in a rank-independent order: parameter order
         when named_parameters was given, else the reverse of arrival (hook) order."""
-        arrived = self._step.arrived
+        arrived = self._step.arrivals.tensors
         if self._param_order:
             unknown = len(self._param_order)
             arrival = {k: i for i, k in enumerate(arrived)}
@@ -405,16 +400,8 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
         else:
             keys = list(reversed(arrived))
         dtype_name = get_backend("torch").dtype_name
-        plan = self._plan(keys, [arrived[k].numel() for k in keys], [dtype_name(arrived[k]) for k in keys])
-        members = {bucket: list(ks) for bucket, ks in plan}
-        for bucket in self._step.started:
-            if members.get(bucket) != self._members.get(bucket):
-                raise ConfigurationError(
-                    f"the set of gradients changed between steps (bucket {bucket!r} was "
-                    f"{self._members.get(bucket)}, is now {members.get(bucket)}); a compressor "
-                    "serves one fixed set of parameters: create a new one")
-        self._members = members
-        self._bucket_of = {key: (bucket, i) for bucket, ks in plan for i, key in enumerate(ks)}
+        self._planned.replan(self._plan, keys, [arrived[k].numel() for k in keys],
+                             [dtype_name(arrived[k]) for k in keys], self._step.arrivals.started)
 
     def _key_for(self, tensor: torch.Tensor) -> str:
         """The gradient's key: its parameter's name, else its order in the step ("t0", "t1", ...;

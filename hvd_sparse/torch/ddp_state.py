@@ -34,6 +34,7 @@ from ..backends import get_backend
 from ..comm import run_blocking
 from ..comm.torch_distributed import SerialWorker, TorchDistributedComm, run_together
 from ..engine import Engine
+from ..engine.assembly import Arrivals, Plan
 from ..engine.buckets import check_gradient_dtype
 from ..errors import ConfigurationError, UnsupportedTensorError
 from ..faces import FaceBase
@@ -61,11 +62,9 @@ class _Step:
     """What the worker keeps of the step in progress."""
 
     began: float                                      # the first bucket's hook
-    arrivals: list[_Arrival] = field(default_factory=list)   # first step: held until the last
+    held: list[_Arrival] = field(default_factory=list)   # first step: DDP buckets held until the last
     waiting: list[tuple[_Arrival, list[str]]] = field(default_factory=list)  # futures not set yet
-    grads: dict[str, torch.Tensor] = field(default_factory=dict)   # parameter key -> gradient
-    arrival: dict[str, float] = field(default_factory=dict)        # ... seconds after ``began``
-    started: set[str] = field(default_factory=set)   # engine buckets started
+    arrivals: Arrivals = field(default_factory=Arrivals)   # gradients by parameter key, when
     finished: list[str] = field(default_factory=list)  # ... finished without error
     error: Exception | None = None
     timeline: dict[str, tuple[float, float]] = field(default_factory=dict)
@@ -118,8 +117,7 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
             self._named[id(param)] = (position, name)
             self._kept_params.append(param)
         self._key_of: dict[int, str] = {}              # id(param) -> key, from the first step
-        self._members: dict[str, list[str]] = {}       # engine bucket -> its parameter keys
-        self._bucket_of: dict[str, str] = {}           # parameter key -> engine bucket
+        self._planned = Plan()                         # engine buckets over the parameter keys
         self._step: _Step | None = None
         self._last: _Step | None = None                # the last finished step, for its timings
         self._failed: Exception | None = None          # a configuration error: every step fails
@@ -170,11 +168,11 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
         step = self._step
         try:
             if not self._key_of:   # first step: everything at the last bucket
-                step.arrivals.append(arrival)
+                step.held.append(arrival)
                 if not arrival.is_last:
                     return
-                self._learn_layout(step.arrivals)
-                for held in step.arrivals:
+                self._learn_layout(step.held)
+                for held in step.held:
                     self._file(step, held)
             else:
                 self._file(step, arrival)
@@ -191,7 +189,7 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
     def _begin(self, seen: float) -> None:
         if self._step is not None:   # an earlier backward stopped half-way: nobody waits for it
             self._fail_waiting(self._step, RuntimeError("hvd_sparse: step abandoned"))
-        self._step = _Step(began=seen)
+        self._step = _Step(began=seen, arrivals=Arrivals(began=seen))
         self._comm.wait_seconds = 0.0
 
     def _learn_layout(self, arrivals: list[_Arrival]) -> None:
@@ -214,10 +212,8 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
         self._key_of = {id(param): name for _, name, param, _ in keyed}
         self._kept_params.extend(param for _, _, param, _ in keyed)
         keys = [name for _, name, _, _ in keyed]
-        plan = self._plan(keys, [grad.numel() for _, _, _, grad in keyed],
-                          [_DTYPE_NAME(grad) for _, _, _, grad in keyed])
-        self._members = {bucket: list(members) for bucket, members in plan}
-        self._bucket_of = {key: bucket for bucket, members in plan for key in members}
+        self._planned.replan(self._plan, keys, [grad.numel() for _, _, _, grad in keyed],
+                             [_DTYPE_NAME(grad) for _, _, _, grad in keyed], set())
         layout = [(name, tuple(grad.shape), _DTYPE_NAME(grad)) for _, name, _, grad in keyed]
         engine = self._ensure_engine()
         try:
@@ -230,25 +226,23 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
         keys = [self._key_of[id(p)] for p in arrival.params]
         step.waiting.append((arrival, keys))
         for key, grad in zip(keys, arrival.grads, strict=True):
-            step.grads[key] = grad
-            step.arrival[key] = arrival.seen - step.began
+            step.arrivals.file(key, grad, arrival.seen)
 
     def _run_ready(self, step: _Step) -> None:
         """Run, together, every engine bucket whose tensors have all arrived, in plan order."""
         engine = self._ensure_engine()
-        ready = [b for b, members in self._members.items()
-                 if b not in step.started and all(k in step.grads for k in members)]
+        ready = step.arrivals.ready(self._planned)
         if not ready:
             return
-        step.started.update(ready)
         issued = time.perf_counter() - step.began
-        protocols = {b: engine.step(b, [step.grads[k] for k in self._members[b]], check_layout=False,
-                                    members=self.algorithm.step_members(self._members[b]))
+        protocols = {b: engine.step(b, step.arrivals.take(self._planned, b), check_layout=False,
+                                    members=self.algorithm.step_members(self._planned.members[b]))
                      for b in ready}
         results, errors = run_together(protocols, self._comm.execute)
         done = time.perf_counter() - step.began
         for b, averaged in results.items():
-            for view, out in zip((step.grads[k] for k in self._members[b]), averaged, strict=True):
+            for view, out in zip((step.arrivals.tensors[k] for k in self._planned.members[b]), averaged,
+                                 strict=True):
                 if out is not view:   # written elsewhere (a non-contiguous gradient): copy back
                     view.copy_(out)
             step.finished.append(b)
@@ -263,7 +257,7 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
         finished = set(step.finished)
         still = []
         for arrival, keys in step.waiting:
-            if all(self._bucket_of[k] in finished for k in keys):
+            if all(self._planned.bucket_of[k][0] in finished for k in keys):
                 arrival.future.set_result(arrival.buffer)
             else:
                 still.append((arrival, keys))
@@ -273,14 +267,14 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
         """The last bucket is in: every engine bucket must have run; then the method's
         once-per-step protocol, and every future completes (with the error, if any)."""
         engine = self._ensure_engine()
-        missing = sorted(set(self._members) - step.started)
+        missing = step.arrivals.missing(self._planned)
         if step.error is None and missing:
             step.error = ConfigurationError(
                 f"the step ended without the gradients of {missing[:5]}; a state serves one "
                 "fixed set of parameters: create a new one")
         if step.error is None:
             try:
-                ready = {b: max(step.arrival[k] for k in keys) for b, keys in self._members.items()}
+                ready = step.arrivals.ready_times(self._planned)
                 run_blocking(engine.end_step(ready), self._comm.execute)
                 self._measuring = engine.measuring()
             except Exception as error:
@@ -297,10 +291,10 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
     def _fail_waiting(self, step: _Step, error: Exception) -> None:
         for arrival, _ in step.waiting:
             arrival.future.set_result(error)
-        for arrival in step.arrivals:
+        for arrival in step.held:
             if not arrival.future.done():
                 arrival.future.set_result(error)
-        step.waiting, step.arrivals = [], []
+        step.waiting, step.held = [], []
 
     # --- FaceBase ------------------------------------------------------------------------------------
     def _make_engine(self) -> Engine:
