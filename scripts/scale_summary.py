@@ -16,6 +16,7 @@ Everything past the validation is a projection and is labelled as one.
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 import scale
@@ -97,6 +98,18 @@ def tta_lines(tta_rows: list[dict]) -> list[str]:
     return [*lines, ""]
 
 
+def probe_sentence(probe: list[dict]) -> str:
+    """What each configuration really sent after the Adam path's dense steps at the probe's N
+    (scripts/adam_release_probe.py): the median achieved aggregate density."""
+    if not probe:
+        return ""
+    def sent(run: dict) -> float:
+        return statistics.median(r["density_actual"] for r in run["rows"] if r["step"] >= 100)
+    shares = ", ".join(f"{run['config']} {sent(run):.1%}" for run in probe)
+    return (f" What they send at {probe[0]['size']} ranks after the dense steps, as aggregate density "
+            f"(median; bench/adam-release/probe.md): {shares}.")
+
+
 def crossover_lines(crossovers: list[dict]) -> list[str]:
     """Per model, the smallest N from which ExDyna's step beats TopK / DGC / dense at every larger N."""
     columns = [c for c in CROSSOVER_COLUMNS
@@ -125,7 +138,7 @@ def claim_line(table: dict) -> str:
             "1 Gbit/s Ethernet. The model's LAGS over dense at N = 16, 1gbit: " + ", ".join(figures) + ".")
 
 
-def summary(scale: dict, tta: dict) -> str:
+def summary(scale: dict, tta: dict, probe: list[dict] | None = None) -> str:
     """The fragment BENCHMARKS.md shows; ``scale`` and ``tta`` as the two scripts saved them."""
     profile, rate = HEADLINE
     return "\n".join([
@@ -143,7 +156,7 @@ def summary(scale: dict, tta: dict) -> str:
         f"## ... and time to accuracy ({profile} profile, {rate}; steps simulated, seconds projected)", "",
         "The transformer task under AdamW, every method on the Adam path, ρ = 0.01, per-rank batch held "
         "fixed; target: dense's held-out perplexity + 2% (bench/scale/tta/scale-tta.md has every "
-        "profile and rate).", "", *tta_lines(tta.get("rows", [])),
+        "profile and rate)." + probe_sentence(probe or []), "", *tta_lines(tta.get("rows", [])),
         "## Where ExDyna starts to win (projection)", "",
         "The smallest N from which ExDyna's step is shorter than TopK's / DGC's / dense's at every "
         "larger N up to 1024; - : at none.", "", *crossover_lines(scale["crossovers"]),
@@ -155,7 +168,9 @@ def main() -> None:
     scale = json.loads((OUT / "scale.json").read_text())
     tta_path = OUT / "tta" / "tta.json"
     tta = json.loads(tta_path.read_text()) if tta_path.exists() else {}
-    text = summary(scale, tta)
+    probe_path = OUT.parent / "adam-release" / "probe.json"
+    probe = json.loads(probe_path.read_text()) if probe_path.exists() else []
+    text = summary(scale, tta, probe)
     (OUT / "summary.md").write_text(text)
     print(text)
 
