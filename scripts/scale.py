@@ -453,7 +453,7 @@ def projection_markdown(table: dict, crossing: list[dict], profiles: dict, sizes
     lines += [f"- {profile.note}" for profile in profiles.values()]
     lines += ["- Steady state (warm-up and dense steps not counted), ρ = "
               f"{DENSITY:g}; dense = Horovod's fused ring allreduce in fp32, fp16 = the same in fp16; "
-              "steps in ms; in brackets the speedup over dense.", ""]
+              "steps in ms; in brackets the speedup over dense and over fp16.", ""]
     for key, by_size in table.items():
         profile, model, rate = key.split("|")
         names = list(next(iter(by_size.values())))
@@ -461,8 +461,9 @@ def projection_markdown(table: dict, crossing: list[dict], profiles: dict, sizes
                   "| N | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
         for n in sizes:
             rows = by_size[str(n)]
-            lines.append(f"| {n} | " + " | ".join(
-                f"{rows[c]['step'] * 1e3:.1f} ({rows[c]['speedup_dense']:.2f}x)" for c in names) + " |")
+            cells = [f"{rows[c]['step'] * 1e3:.1f} ({rows[c]['speedup_dense']:.2f}x; "
+                     f"{rows[c]['speedup_fp16']:.2f}x)" for c in names]
+            lines.append(f"| {n} | " + " | ".join(cells) + " |")
         lines.append("")
     lines += ["### Where each seed method starts to win (projection)", "",
               "The smallest N from which the method's step is shorter than the rival's at "
@@ -472,6 +473,27 @@ def projection_markdown(table: dict, crossing: list[dict], profiles: dict, sizes
     lines += [f"| {c['profile']} | {c['model']} | {c['rate']} | {c['method']} | {c['topk'] or '-'} | "
               f"{c['dgc'] or '-'} | {c['dense'] or '-'} |" for c in crossing]
     return [*lines, ""]
+
+
+def traffic_markdown(table: dict, sizes: list[int]) -> list[str]:
+    """Per model: the MB a rank sends per step and, in brackets, the entries it receives over k
+    (the build-up of a gather pattern: N, every rank's k pairs; 1 for an exclusive union) at each
+    N; the same for every profile and rate."""
+    lines = ["### Bytes a rank sends per step, and what it receives over k (projection)", ""]
+    seen = set()
+    for key, by_size in table.items():
+        _, model, _ = key.split("|")
+        if model in seen:
+            continue
+        seen.add(model)
+        names = list(next(iter(by_size.values())))
+        lines += [f"{model}:", "", "| N | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+        for n in sizes:
+            rows = by_size[str(n)]
+            lines.append(f"| {n} | " + " | ".join(
+                f"{rows[c]['bytes'] / 1e6:.3f} MB ({rows[c]['received_over_k']:g})" for c in names) + " |")
+        lines.append("")
+    return lines
 
 
 # The seed papers' stated settings and figures (their abstracts), beside the model's figure for the
@@ -584,7 +606,8 @@ def main() -> None:
     text = ["# Scale: each method's step from 2 to 1024 ranks", "",
             "`python scripts/scale.py " + " ".join(sys.argv[1:]) + "`", "",
             *validation_markdown(rows, {r: f for r, f in fits.items()}),
-            *projection_markdown(table, crossing, profiles, args.sizes), *claims_markdown(table),
+            *projection_markdown(table, crossing, profiles, args.sizes),
+            *traffic_markdown(table, args.sizes), *claims_markdown(table),
             *[f"![step time against N]({Path(f).name})" for f in figures if f]]
     (args.out_dir / "scale.md").write_text("\n".join(text) + "\n")
     (args.out_dir / "scale.json").write_text(json.dumps(
