@@ -161,7 +161,8 @@ def summary(scale: dict, tta: dict, probe: list[dict] | None = None) -> str:
         "The smallest N from which ExDyna's step is shorter than TopK's / DGC's / dense's at every "
         "larger N up to 1024; - : at none.", "", *crossover_lines(scale["crossovers"]),
         claim_line(scale["table"]),
-        f"![step time against N, {profile} profile, {rate}](scale-{profile}-{rate}.png)", ""])
+        f"![step time against N, {profile} profile, {rate}](scale-{profile}-{rate}.png) "
+        "![time to accuracy against N](tta/tta-vs-n.png)", ""])
 
 
 def main() -> None:

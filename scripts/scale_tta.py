@@ -24,6 +24,7 @@ import json
 
 import scale
 import time_to_accuracy as tta
+from results import pyplot, save
 
 OUT = scale.OUT / "tta"
 CONFIGS = ("dense", "exdyna-tracking+adam", "micro+adam", "deft+adam", "lags+adam", "topk+adam",
@@ -73,6 +74,35 @@ def times_to_target(report: dict, study: tta.Setup, profiles: dict, rates: list[
         if row.get("seconds") and dense.get("seconds"):
             row["speedup"] = dense["seconds"] / row["seconds"]
     return rows
+
+
+PLOTTED = (("cpu", "1gbit"), ("gpu", "10gbit"))
+
+
+def plot(rows: list[dict]) -> str | None:
+    """Projected seconds to the target against N, one panel per profile and rate of ``PLOTTED``,
+    one line per configuration through the sizes where it got there (listed with the sizes
+    where it did not)."""
+    plt = pyplot()
+    if plt is None or not rows:
+        return None
+    figure, axes = plt.subplots(1, len(PLOTTED), figsize=(6 * len(PLOTTED), 4.2), squeeze=False)
+    for ax, (profile, rate) in zip(axes[0], PLOTTED, strict=True):
+        mine = [r for r in rows if (r["profile"], r["rate"]) == (profile, rate)]
+        for name in dict.fromkeys(r["config"] for r in mine):
+            runs = [r for r in mine if r["config"] == name]
+            points = sorted((r["world"], r["seconds"]) for r in runs if r.get("seconds"))
+            missed = sorted(r["world"] for r in runs if not r.get("seconds"))
+            label = name + (f" (not reached at N = {', '.join(map(str, missed))})" if missed else "")
+            if points:
+                ax.plot(*zip(*points, strict=True), marker="o", label=label,
+                        linestyle="-" if name == "dense" else "--")
+            else:
+                ax.plot([], [], label=label)
+        ax.set(title=f"{profile} profile, {rate} (seconds projected)", xscale="log", yscale="log",
+               xlabel="ranks N", ylabel="seconds to dense's perplexity")
+        ax.legend(fontsize=7)
+    return save(figure, OUT / "tta-vs-n.png")
 
 
 def markdown(rows: list[dict], study: tta.Setup, profiles: dict) -> str:
@@ -130,7 +160,11 @@ def main() -> None:
     rows = times_to_target(report, study, profiles, args.rates)
     report["rows"] = rows
     save()
-    (OUT / "scale-tta.md").write_text(markdown(rows, study, profiles))
+    figure = plot(rows)
+    text = markdown(rows, study, profiles)
+    if figure:
+        text += f"\n![time to accuracy against N]({figure.rsplit('/', 1)[-1]})\n"
+    (OUT / "scale-tta.md").write_text(text)
     print(markdown(rows, study, profiles))
 
 
