@@ -35,6 +35,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -454,17 +455,12 @@ def projection_markdown(table: dict, crossing: list[dict], profiles: dict, sizes
     lines += ["- Steady state (warm-up and dense steps not counted), ρ = "
               f"{DENSITY:g}; dense = Horovod's fused ring allreduce in fp32, fp16 = the same in fp16; "
               "steps in ms; in brackets the speedup over dense and over fp16.", ""]
+    def step(row: dict) -> str:
+        return f"{row['step'] * 1e3:.1f} ({row['speedup_dense']:.2f}x; {row['speedup_fp16']:.2f}x)"
     for key, by_size in table.items():
         profile, model, rate = key.split("|")
-        names = list(next(iter(by_size.values())))
         lines += [f"### {model}, {rate}, {profile} profile (projection)", "",
-                  "| N | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        for n in sizes:
-            rows = by_size[str(n)]
-            cells = [f"{rows[c]['step'] * 1e3:.1f} ({rows[c]['speedup_dense']:.2f}x; "
-                     f"{rows[c]['speedup_fp16']:.2f}x)" for c in names]
-            lines.append(f"| {n} | " + " | ".join(cells) + " |")
-        lines.append("")
+                  *n_table(by_size, sizes, step), ""]
     lines += ["### Where each seed method starts to win (projection)", "",
               "The smallest N from which the method's step is shorter than the rival's at "
               "every larger N of the table; - : at none.", "",
@@ -486,14 +482,17 @@ def traffic_markdown(table: dict, sizes: list[int]) -> list[str]:
         if model in seen:
             continue
         seen.add(model)
-        names = list(next(iter(by_size.values())))
-        lines += [f"{model}:", "", "| N | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
-        for n in sizes:
-            rows = by_size[str(n)]
-            lines.append(f"| {n} | " + " | ".join(
-                f"{rows[c]['bytes'] / 1e6:.3f} MB ({rows[c]['received_over_k']:g})" for c in names) + " |")
-        lines.append("")
+        lines += [f"{model}:", "", *n_table(by_size, sizes, lambda row: f"{row['bytes'] / 1e6:.3f} MB "
+                                                                         f"({row['received_over_k']:g})"), ""]
     return lines
+
+
+def n_table(by_size: dict, sizes: list[int], cell: Callable[[dict], str]) -> list[str]:
+    """A table with a row per N of ``sizes`` and a column per configuration, each cell ``cell``
+    of that configuration's row."""
+    names = list(next(iter(by_size.values())))
+    lines = ["| N | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    return lines + [f"| {n} | " + " | ".join(cell(by_size[str(n)][c]) for c in names) + " |" for n in sizes]
 
 
 # The seed papers' stated settings and figures (their abstracts), beside the model's figure for the

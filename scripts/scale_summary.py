@@ -29,16 +29,12 @@ CROSSOVER_COLUMNS = (("cpu", "1gbit"), ("cpu", "10gbit"), ("gpu", "1gbit"), ("gp
                      ("gpu", "25gbit"), ("gpu", "100gbit"))
 
 
-def rates(net: str) -> float:
-    """A network's rate in bits per second, for ordering (fastest first)."""
-    return scale.parse_rate(net)
-
-
 def validation_lines(rows: list[dict]) -> list[str]:
     """Every real run beside the model, one row per configuration, a column pair per network."""
     if not rows:
         return ["_No validation runs saved._", ""]
-    columns = sorted({(int(r["size"]), r["net"]) for r in rows}, key=lambda c: (c[0], -rates(c[1])))
+    columns = sorted({(int(r["size"]), r["net"]) for r in rows},
+                     key=lambda c: (c[0], -scale.parse_rate(c[1])))
     lines = [f"Measured step against the model's, {rows[0]['model']} on emulated links; "
              f"{scale.validation_verdict(rows)}. At 4 ranks this 2-core machine runs two processes "
              "per core (shown, not judged).", "",

@@ -371,7 +371,7 @@ class Engine:
                  ) -> list[list[tuple[str, str, str]]]:
         """The phases ``step(..., check_layout=False)`` will yield for a bucket, as
         (op, name, dtype) triples, known before any data is seen (patterns.graph_schedule)."""
-        dense = sizes is not None and self.is_dense(sizes)
+        dense = _DENSE.pattern if sizes is not None and self.is_dense(sizes) else None
         return patterns.graph_schedule(self.algorithm, f"{self.prefix}.{key}", numel, dtypes, dense)
 
     def take_back(self, keys: list[str]) -> None:

@@ -142,11 +142,12 @@ class Shared(Pattern):
 BY_NAME: dict[str, Pattern] = {pattern.name: pattern for pattern in (Gather(), Union(), Shared())}
 
 
-def graph_schedule(algorithm: Algorithm, name: str, numel: int, dtypes: tuple[str, ...], dense: bool
-                   ) -> list[list[tuple[str, str, str]]]:
+def graph_schedule(algorithm: Algorithm, name: str, numel: int, dtypes: tuple[str, ...],
+                   dense_pattern: str | None) -> list[list[tuple[str, str, str]]]:
     """The phases of a bucket's step as (op, name, dtype) triples, known before any data is seen:
     what a graph must be built with in advance (TensorFlow per-tensor steps run each phase as
-    graph ops). ``dense``: a bucket of ``dense_below`` tensors, always averaged densely."""
+    graph ops). ``dense_pattern``: the pattern of a bucket of ``dense_below`` tensors, which is
+    always averaged densely (None: not such a bucket)."""
     if algorithm.select_collectives:
         raise ConfigurationError(
             f"{type(algorithm).__name__} exchanges messages while selecting and runs "
@@ -154,8 +155,8 @@ def graph_schedule(algorithm: Algorithm, name: str, numel: int, dtypes: tuple[st
     if numel == 0:  # an empty bucket is returned as it is (Engine.step)
         return []
     corrections = algorithm.corrections
-    if dense:
-        pattern = SHARED
+    if dense_pattern is not None:
+        pattern = dense_pattern
     elif corrections.dense_steps:
         what = ("the Adam path averages its dense steps densely, which changes" if corrections.adam
                 else "dense_steps changes")

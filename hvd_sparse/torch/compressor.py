@@ -70,7 +70,6 @@ class _Step:
     ``decompress``: a new one at the step's first gradient and at a reset (``_forget_step``); the
     last step's stays until then (``communication_timeline`` reads it between steps)."""
 
-    began: float = 0.0                 # perf_counter() at the step's first gradient
     measuring: bool = False            # hooks wait for the device (LAGS's profiling steps, GPU)
     arrivals: Arrivals = field(default_factory=Arrivals)   # the gradients, when, buckets started
     flushed: bool = False              # the first decompress has finished every bucket
@@ -83,6 +82,11 @@ class _Step:
     backward_end: float = 0.0          # perf_counter() when the last compress returned
     decompress_began: float = 0.0      # perf_counter() when the first decompress was entered
     decompress_ended: float = 0.0      # ... when the last one so far returned
+
+    @property
+    def began(self) -> float:
+        """perf_counter() at the step's first gradient."""
+        return self.arrivals.began
 
 
 class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
@@ -232,9 +236,8 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
             layout = [(key, tuple(t.shape), get_backend("torch").dtype_name(t))
                       for keys in self._planned.members.values() for key in keys for t in [arrived[key]]]
             run_blocking(engine.agree_on_config(layout, like=like), protocols.comm.execute)
-        for bucket in self._planned.members:
-            if bucket not in step.arrivals.started:
-                self._start(bucket)
+        for bucket in step.arrivals.ready(self._planned):   # every bucket not started yet
+            self._start(bucket)
         try:
             protocols.finish_all()
         except FloatingPointError as error:
@@ -381,7 +384,7 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
     def _begin_step(self, now: float, measuring: bool) -> None:
         """A new step from its first gradient, at ``now``; the last step's protocols are dropped."""
         self._running().clear()
-        self._step = _Step(began=now, measuring=measuring, arrivals=Arrivals(began=now))
+        self._step = _Step(measuring=measuring, arrivals=Arrivals(began=now))
 
     def _start(self, bucket: str) -> None:
         """Start the bucket's protocol (its collectives issued asynchronously)."""

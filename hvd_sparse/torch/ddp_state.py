@@ -61,7 +61,6 @@ class _Arrival:
 class _Step:
     """What the worker keeps of the step in progress."""
 
-    began: float                                      # the first bucket's hook
     held: list[_Arrival] = field(default_factory=list)   # first step: DDP buckets held until the last
     waiting: list[tuple[_Arrival, list[str]]] = field(default_factory=list)  # futures not set yet
     arrivals: Arrivals = field(default_factory=Arrivals)   # gradients by parameter key, when
@@ -69,6 +68,11 @@ class _Step:
     error: Exception | None = None
     timeline: dict[str, tuple[float, float]] = field(default_factory=dict)
     last_seen: float | None = None                    # the last bucket's hook
+
+    @property
+    def began(self) -> float:
+        """perf_counter() at the first bucket's hook."""
+        return self.arrivals.began
 
 
 class SparseHookState(LinksTorchOptimizer, FaceBase):
@@ -189,7 +193,7 @@ class SparseHookState(LinksTorchOptimizer, FaceBase):
     def _begin(self, seen: float) -> None:
         if self._step is not None:   # an earlier backward stopped half-way: nobody waits for it
             self._fail_waiting(self._step, RuntimeError("hvd_sparse: step abandoned"))
-        self._step = _Step(began=seen, arrivals=Arrivals(began=seen))
+        self._step = _Step(arrivals=Arrivals(began=seen))
         self._comm.wait_seconds = 0.0
 
     def _learn_layout(self, arrivals: list[_Arrival]) -> None:
