@@ -18,13 +18,15 @@ cache, saying so.
 
 import os
 import platform
+import runpy
 from glob import glob
 
 from setuptools import Extension, setup
 from setuptools.command.build_ext import build_ext
 
-FLAGS = ["-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno"]
 KERNELS = "hvd_sparse/kernels/cpu"
+BUILD = runpy.run_path("hvd_sparse/kernels/build.py")   # flags and sources, shared with tf_build.py
+FLAGS = list(BUILD["FLAGS"])
 
 
 def native(name: str, flags: list[str]) -> Extension:
@@ -41,11 +43,9 @@ def tensorflow_ops() -> list[Extension]:
     except ImportError:
         return []
     return [Extension("hvd_sparse.kernels.cpu._tf_ops",
-                      sources=[f"{KERNELS}/{name}" for name in ("tf_ops.cc", "topk.cpp", "norms.cpp",
-                                                                 "accumulate.cpp", "sampled.cpp")],
+                      sources=[f"{KERNELS}/{name}" for name in BUILD["TF_SOURCES"]],
                       depends=sorted(glob(f"{KERNELS}/*.h")), language="c++",
-                      extra_compile_args=[*FLAGS, "-Wno-deprecated-declarations",
-                                          *tf.sysconfig.get_compile_flags()],
+                      extra_compile_args=[*FLAGS, *BUILD["TF_FLAGS"], *tf.sysconfig.get_compile_flags()],
                       extra_link_args=tf.sysconfig.get_link_flags())]
 
 

@@ -38,7 +38,7 @@ stack_key() {
 # package alone (seconds).
 kernels_stamp="$venv/.hvd_sparse_kernels"
 kernels_key() {
-    cat "$repo/setup.py" "$repo/pyproject.toml" "$repo"/hvd_sparse/kernels/cpu/*.cpp $(ls "$repo"/hvd_sparse/kernels/cpu/*.h "$repo"/hvd_sparse/kernels/cpu/*.cc 2>/dev/null) \
+    cat "$repo/setup.py" "$repo/pyproject.toml" "$repo/hvd_sparse/kernels/build.py" "$repo"/hvd_sparse/kernels/cpu/*.cpp $(ls "$repo"/hvd_sparse/kernels/cpu/*.h "$repo"/hvd_sparse/kernels/cpu/*.cc 2>/dev/null) \
         | sha256sum | cut -c1-16
 }
 kernels_built() {

@@ -24,13 +24,12 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
-from . import KernelUnavailable
+from . import KernelUnavailable, build
 
 CPU = Path(__file__).resolve().parent / "cpu"
-SOURCES = ("tf_ops.cc", "topk.cpp", "norms.cpp", "accumulate.cpp", "sampled.cpp")
-# setup.py's flags (strict IEEE arithmetic: the ops must match the reference path bit for bit).
-FLAGS = ("-O3", "-std=c++17", "-ffp-contract=off", "-fno-math-errno", "-fPIC", "-shared",
-         "-Wno-deprecated-declarations")
+SOURCES = build.TF_SOURCES
+# setup.py's flags, and what setuptools adds for a shared library.
+FLAGS = (*build.FLAGS, *build.TF_FLAGS, "-fPIC", "-shared")
 CACHE_ENVIRONMENT = "HVD_SPARSE_CACHE"
 BUILD_ENVIRONMENT = "HVD_SPARSE_TF_OPS_BUILD"
 
