@@ -28,13 +28,6 @@ from .engine import Engine, summarize
 from .engine.core import NONFINITE_POLICIES
 from .errors import ConfigurationError
 
-# In PyTorch (Horovod's and DDP's faces, ``FaceBase._plan``) a bucket packing per-tensor steps
-# (``Algorithm.pack``) holds at most this many entries: an engine step costs about half a
-# millisecond of Python and collectives whatever its size, which a bucket per gradient pays 62
-# times on ResNet-18, while a few buckets of this size still start during the backward pass, so
-# their exchange overlaps it.
-PACKED_BUCKET_ENTRIES = 1 << 22
-
 
 class FaceBase:
     """Options and framework-free API of a Horovod compressor running an hvd_sparse method.
@@ -83,14 +76,6 @@ class FaceBase:
     def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         """One named allreduce (sum) of a small float64 vector on the compressor's process set."""
         raise NotImplementedError
-
-    def _plan(self, keys: list[str], sizes: list[int], dtypes: list[str]) -> list[tuple[str, list[str]]]:
-        """The method's buckets over gradients that arrive one by one during the backward pass
-        (``keys`` in parameter order), per-tensor steps packed in runs of up to
-        ``PACKED_BUCKET_ENTRIES`` (PyTorch's faces; TensorFlow packs a whole build at once)."""
-        plan = self.algorithm.plan(keys, sizes)
-        return self.algorithm.pack(plan, dict(zip(keys, sizes, strict=True)),
-                                   dict(zip(keys, dtypes, strict=True)), PACKED_BUCKET_ENTRIES)
 
     @classmethod
     def adam_path_of(cls, optimizer: Any) -> AdamPath | None:

@@ -22,6 +22,7 @@ import numpy as np
 
 from .comm.local import LocalGroup
 from .engine import Engine
+from .engine.planning import plan_buckets
 from .registry import METHODS
 
 # name -> its distributions, the first installed one reported
@@ -126,7 +127,7 @@ def _check_method(algorithm: Any, backend: Any) -> None:
     group = LocalGroup(size, backend)
     keys = [f"t{i}" for i in range(len(SELF_TEST_SIZES))]
     for _ in range(3):
-        for bucket, members in algorithm.plan(keys, list(SELF_TEST_SIZES)):
+        for bucket, members in plan_buckets(algorithm, keys, list(SELF_TEST_SIZES)):
             grads = [[rng.standard_normal(SELF_TEST_SIZES[keys.index(m)]).astype(np.float32)
                       for m in members] for _ in range(size)]
             old = [_residual(e, bucket, backend, grads[r]) for r, e in enumerate(engines)]

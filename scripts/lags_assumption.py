@@ -34,6 +34,7 @@ from hvd_sparse.algorithms.lags import LAGS, AssumptionMonitor
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import plan_buckets
 from hvd_sparse.sim.tasks import DigitsCNN
 
 
@@ -127,7 +128,7 @@ def main() -> None:
     model = DigitsCNN()
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
     algorithm = LAGS(args.density, merge_threshold=args.merge_threshold)
-    plan = algorithm.plan([n for n, _ in named], [p.numel() for _, p in named])
+    plan = plan_buckets(algorithm, [n for n, _ in named], [p.numel() for _, p in named])
     backend = get_backend("torch")
     engines = [Engine(algorithm, backend, rank, args.workers) for rank in range(args.workers)]
     group = LocalGroup(args.workers, backend)

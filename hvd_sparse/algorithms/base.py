@@ -177,18 +177,6 @@ class Algorithm:
         ``select``), so that its phases are not known before it runs. Default: no."""
         return False
 
-    def plan(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
-        """The model's gradients in buckets: (bucket name, member keys) in a rank-independent
-        order; ``keys`` are in parameter (forward) order. Tensors under ``dense_below`` entries
-        are taken out first: one bucket each in per-tensor scope, else one bucket of their own
-        (``DENSE_BUCKET``) averaged densely; the method groups the rest (``group``)."""
-        small = {key for key, n in zip(keys, sizes, strict=True) if self.corrections.is_dense_tensor(n)}
-        if not small or self.scope == TENSOR:
-            return self.group(keys, sizes)
-        kept = [(key, n) for key, n in zip(keys, sizes, strict=True) if key not in small]
-        plan = self.group([k for k, _ in kept], [n for _, n in kept]) if kept else []
-        return [*plan, (DENSE_BUCKET, [key for key in keys if key in small])]
-
     def group(self, keys: list[str], sizes: list[int]) -> list[tuple[str, list[str]]]:
         """Group the sparsified gradients into buckets, by ``scope``: one bucket per tensor, or
         the whole model as one bucket named "model". Methods with groups of their own override
@@ -202,55 +190,6 @@ class Algorithm:
         """Whether this instance packs per-tensor steps: a method that can (``packs_tensors``), in
         scope "tensor" (in scope "model" one k covers the whole bucket)."""
         return self.packs_tensors and self.scope == TENSOR
-
-    def packable(self, numel: int) -> bool:
-        """Whether a tensor of ``numel`` entries may share a bucket of per-tensor steps (``tensor_packing``):
-        one neither empty nor averaged densely (``dense_below``), which ``pack`` bundles apart."""
-        return self.tensor_packing and numel > 0 and not self.corrections.is_dense_tensor(numel)
-
-    def pack(self, plan: list[tuple[str, list[str]]], sizes: dict[str, int], dtypes: dict[str, str],
-             limit: int | None = None) -> list[tuple[str, list[str]]]:
-        """``plan`` with its packable one-tensor buckets packed, per dtype in plan order, into
-        buckets of at most ``limit`` entries (None: no limit; a larger tensor alone), each named
-        by its first and last member and placed where it closes; other buckets as they were.
-        Runs go on past the buckets they do not take. The ``dense_below`` tensors of a dtype met
-        since its last run closed (they sit between the layers' weights) are bundled into a dense
-        bucket that closes with the run, right after it: one allreduce instead of one per tensor,
-        still started during the backward pass. The packed step makes the decisions of the buckets it
-        replaces (``tensor_segments``) at one bucket's per-step cost."""
-        packed: list[tuple[str, list[str]]] = []
-        runs: dict[str, list[str]] = {}     # dtype -> the open run
-        dense: dict[str, list[str]] = {}    # dtype -> the dense_below tensors met since it opened
-        entries: dict[str, int] = {}
-
-        def close(dtype: str) -> None:
-            for run in (runs.pop(dtype, []), dense.pop(dtype, [])):
-                if run:
-                    packed.append((f"{run[0]}-{run[-1]}" if len(run) > 1 else run[0], run))
-
-        for bucket, members in plan:
-            key = members[0] if len(members) == 1 and bucket == members[0] else None
-            if key is None or not self.tensor_packing or sizes[key] == 0:
-                packed.append((bucket, members))
-                continue
-            dtype = dtypes[key]
-            if not self.packable(sizes[key]):
-                dense.setdefault(dtype, []).append(key)
-                continue
-            if dtype in runs and limit is not None and entries[dtype] + sizes[key] > limit:
-                close(dtype)
-            if dtype not in runs:
-                runs[dtype], entries[dtype] = [], 0
-            runs[dtype].append(key)
-            entries[dtype] += sizes[key]
-        for dtype in list({**runs, **dense}):
-            close(dtype)
-        return packed
-
-    def step_members(self, members: list[str]) -> tuple[str, ...]:
-        """What a face hands ``Engine.step`` as ``members`` for a bucket of ``pack``'s plan: its
-        keys when it packs per-tensor steps, else nothing (one tensor, or a method's own group)."""
-        return tuple(members) if len(members) > 1 and self.tensor_packing else ()
 
     def tensor_segments(self, ctx: StepContext) -> list[tuple[int, int, str]]:
         """(offset, size, key) of each tensor the step selects in on its own: every member of a

@@ -10,8 +10,10 @@ from .protocol import (
     Protocol,
     finished,
     run_blocking,
+    run_together,
     timed,
 )
 
 __all__ = ["ALLGATHER", "ALLREDUCE", "BROADCAST", "NEIGHBOURS", "Collective", "Phase", "Protocol",
-           "finished", "run_blocking", "timed"]
+           "finished", "run_blocking", "run_together",
+           "timed"]

@@ -10,8 +10,8 @@ It also keeps, cheaply, the step's communication timeline: when each collective 
 bucket) was issued, with its bytes, and when it was seen complete (``poll``, called from the
 backward hooks, asks Horovod about the collectives in flight without blocking, oldest first,
 until one is still running: a few polls per hook whatever the number of buckets; in
-``finish_all`` the wait tells, and the same poll after each wait notes the others that completed
-meanwhile), and how long ``finish_all`` blocked on collectives -- the communication the backward
+``finish`` the wait tells, and the same poll after each wait notes the others that completed
+meanwhile), and how long ``finish`` blocked on collectives -- the communication the backward
 pass did not hide.
 """
 
@@ -106,7 +106,7 @@ class AsyncProtocols:
         self.results: dict[str, Any] = {}
         self.issued_at: dict[str, float] = {}     # perf_counter when a bucket's first collectives started
         self.completed_at: dict[str, float] = {}  # ... when its last one was seen complete
-        self.wait_seconds = 0.0                   # time finish_all blocked on collectives
+        self.wait_seconds = 0.0                   # time finish blocked on collectives
         # every collective of the step: [name, op, bytes, issued, seen complete or None] (perf_counter)
         self.collectives: list[list] = []
         self._phase_done: dict[str, float] = {}
@@ -139,12 +139,12 @@ class AsyncProtocols:
         if all(r[4] is not None for r in self._records.get(key, ())):
             self._phase_done.setdefault(key, when)
 
-    def finish_all(self) -> None:
-        """Drive every running protocol to completion, phase by phase across all of them. A
-        protocol that raises (the same on every rank, e.g. ``nonfinite="raise"``) does not stop
-        the others: they finish, so no rank leaves a collective the others wait for, and the
-        first error is raised at the end."""
-        failed: Exception | None = None
+    def finish(self) -> tuple[dict[str, Any], dict[str, Exception]]:
+        """Drive every running protocol to completion, phase by phase across all of them: the
+        step's results and errors by bucket (engine/assembly.py ``Driver``). A protocol that
+        raises (the same on every rank, e.g. ``nonfinite="raise"``) does not stop the others:
+        they finish, so no rank leaves a collective the others wait for."""
+        errors: dict[str, Exception] = {}
         while self._running:
             running, self._running = self._running, {}
             pending, self._pending = self._pending, deque()
@@ -155,9 +155,12 @@ class AsyncProtocols:
                 try:
                     self._advance(key, protocol, outputs[key])
                 except Exception as error:
-                    failed = failed or error
-        if failed is not None:
-            raise failed
+                    errors[key] = error
+        return dict(self.results), errors
+
+    def execute(self, phase: Phase) -> list:
+        """Run one phase, blocking."""
+        return self.comm.execute(phase)
 
     def _wait(self, key: str, handles: list, records: list, pending: deque) -> list:
         """The results of a bucket's phase, blocking; each collective's completion noted as it is
@@ -187,11 +190,23 @@ class AsyncProtocols:
         self.collectives.clear()
         self.wait_seconds = 0.0
 
-    def timeline(self) -> dict[str, tuple[float, float | None]]:
-        """Per bucket: (issued, seen complete or None), perf_counter seconds. A bucket still
-        running counts as complete once the collectives it has issued so far are done."""
+    def timeline(self, began: float = 0.0) -> dict[str, tuple[float, float | None]]:
+        """Per bucket: (issued, seen complete or None), seconds after ``began`` (perf_counter). A
+        bucket still running counts as complete once the collectives it has issued so far are
+        done. Polls first."""
+        self.poll()
         done = {**self._phase_done, **self.completed_at}
-        return {key: (issued, done.get(key)) for key, issued in self.issued_at.items()}
+        return {key: (issued - began, None if done.get(key) is None else done[key] - began)
+                for key, issued in self.issued_at.items()}
+
+    def collective_timeline(self, began: float = 0.0) -> list[dict]:
+        """Every collective of the step, in the order issued: ``name``, ``op``, ``bytes`` (this
+        rank's input), ``issued`` and ``completed`` (seconds after ``began``; ``completed`` None
+        while not seen complete). Polls first."""
+        self.poll()
+        return [{"name": name, "op": op, "bytes": size, "issued": issued - began,
+                 "completed": None if done is None else done - began}
+                for name, op, size, issued, done in self.collectives]
 
     def inflight_seconds(self, until: float | None = None) -> float:
         """Wall time during which at least one collective was in flight (the union of the

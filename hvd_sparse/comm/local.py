@@ -79,6 +79,8 @@ class LocalGroup:
         return outputs
 
     def _check_agreement(self, phases: list[list[Collective] | None]) -> None:
+        """Raise ``RankMismatchError`` unless every rank's phase (None: finished) issues the same
+        collectives with compatible shapes and dtypes."""
         def describe(phase):
             return "finished" if phase is None else [c.signature() for c in phase]
 

@@ -51,6 +51,38 @@ def run_blocking(protocol: Protocol, execute: Callable[[Phase], list]) -> Any:
         return done.value
 
 
+def run_together(protocols: dict[str, Protocol], execute: Callable[[Phase], list]
+                 ) -> tuple[dict[str, Any], dict[str, Exception]]:
+    """Drive ``protocols`` to completion together: each round joins the next phase of every
+    protocol still running, in ``protocols``' order, into one phase. Returns (results, errors)
+    by key. A protocol that raises stops there and the others go on, so that an error raised
+    alike on every rank (``nonfinite="raise"``) leaves no collective half issued."""
+    results: dict[str, Any] = {}
+    errors: dict[str, Exception] = {}
+    pending: dict[str, tuple[Protocol, Phase]] = {}
+
+    def advance(key: str, protocol: Protocol, sent: list | None) -> None:
+        try:
+            phase = next(protocol) if sent is None else protocol.send(sent)
+        except StopIteration as done:
+            results[key] = done.value
+        except Exception as error:  # reported to the caller, per protocol
+            errors[key] = error
+        else:
+            pending[key] = (protocol, phase)
+
+    for key, protocol in protocols.items():
+        advance(key, protocol, None)
+    while pending:
+        running, pending = pending, {}
+        joined = [c for _, phase in running.values() for c in phase]
+        outputs, start = execute(joined), 0
+        for key, (protocol, phase) in running.items():
+            advance(key, protocol, outputs[start: start + len(phase)])
+            start += len(phase)
+    return results, errors
+
+
 def timed(protocol: Protocol, clock: Any, field: str) -> Protocol:
     """``yield from protocol``, adding to ``clock.<field>`` the seconds the protocol itself ran
     (between being resumed and yielding or returning), not the time it spent suspended on its

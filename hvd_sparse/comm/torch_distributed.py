@@ -11,8 +11,9 @@ here is issued in one order that every rank derives from the same data:
   phase's order, then waited for. An allgather whose length differs per rank first learns every
   rank's length -- one all_gather of the lengths of all the phase's allgathers -- and then
   gathers tensors padded to the longest, cut back afterwards;
-* ``run_together`` advances several protocols phase by phase, their phases joined into one in a
-  fixed order (the buckets' order), so buckets that are ready together share each phase's waits.
+* ``protocol.run_together`` (used through the step assembly) advances several protocols phase by
+  phase, their phases joined into one in a fixed order (the buckets' order), so buckets that are
+  ready together share each phase's waits.
 """
 
 from __future__ import annotations
@@ -21,10 +22,12 @@ import queue
 import threading
 import time
 from collections.abc import Callable
+from datetime import timedelta
 from typing import Any
 
+from ..errors import ConfigurationError
 from .neighbours import neighbours
-from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, Phase, Protocol
+from .protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, Phase
 
 
 class TorchDistributedComm:
@@ -134,38 +137,6 @@ class TorchDistributedComm:
         return finish
 
 
-def run_together(protocols: dict[str, Protocol], execute: Callable[[Phase], list]
-                 ) -> tuple[dict[str, Any], dict[str, Exception]]:
-    """Drive ``protocols`` to completion together: each round joins the next phase of every
-    protocol still running, in ``protocols``' order, into one phase. Returns (results, errors)
-    by key. A protocol that raises stops there and the others go on, so that an error raised
-    alike on every rank (``nonfinite="raise"``) leaves no collective half issued."""
-    results: dict[str, Any] = {}
-    errors: dict[str, Exception] = {}
-    pending: dict[str, tuple[Protocol, Phase]] = {}
-
-    def advance(key: str, protocol: Protocol, sent: list | None) -> None:
-        try:
-            phase = next(protocol) if sent is None else protocol.send(sent)
-        except StopIteration as done:
-            results[key] = done.value
-        except Exception as error:  # reported to the caller, per protocol
-            errors[key] = error
-        else:
-            pending[key] = (protocol, phase)
-
-    for key, protocol in protocols.items():
-        advance(key, protocol, None)
-    while pending:
-        running, pending = pending, {}
-        joined = [c for _, phase in running.values() for c in phase]
-        outputs, start = execute(joined), 0
-        for key, (protocol, phase) in running.items():
-            advance(key, protocol, outputs[start: start + len(phase)])
-            start += len(phase)
-    return results, errors
-
-
 class SerialWorker:
     """One daemon thread running submitted jobs in submission order (module docstring). The
     thread holds no job once it has run it, and ends at ``close()``: an idle worker keeps nothing
@@ -233,3 +204,23 @@ class SerialWorker:
 
                 traceback.print_exc()
             job = None   # a finished job (and what it holds: a state, DDP's buffers) is let go
+
+
+def own_group(process_group: Any, timeout: timedelta | None) -> Any:
+    """A new group over ``process_group``'s ranks, with its backend, for a DDP state alone."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        raise ConfigurationError(
+            "torch.distributed is not initialized: call torch.distributed.init_process_group() "
+            "(backend 'gloo' for CPU, 'nccl' for CUDA; torchrun sets the environment it reads) "
+            "before building an hvd_sparse DDP state")
+    group = process_group if process_group is not None else dist.group.WORLD
+    ranks = dist.get_process_group_ranks(group)
+    # Over every rank, every rank builds the state: a group numbered like any other, so that a
+    # later state's group never meets a closed one's leftovers in the store. Over some of the
+    # ranks, only they build it: torch names such a group after its ranks (local synchronization).
+    # Such a group is therefore never destroyed (``close``): another built over the same ranks
+    # later would take its name.
+    return dist.new_group(ranks=ranks, backend=dist.get_backend(group), timeout=timeout,
+                          use_local_synchronization=len(ranks) < dist.get_world_size())

@@ -22,6 +22,7 @@ from ..algorithms.base import GATHER, SHARED, UNION, Algorithm
 from ..comm.local import LocalGroup
 from ..comm.protocol import ALLGATHER, ALLREDUCE, BROADCAST, Collective
 from ..engine.patterns import ITEMSIZE
+from ..engine.planning import PACKED_BUCKET_ENTRIES, pack_tensors, plan_buckets
 
 INDEX_BYTES = ITEMSIZE["int32"]     # the engine's default index and value dtypes
 VALUE_BYTES = DENSE_BYTES = ITEMSIZE["float32"]   # a dense fp32 allreduce (Horovod's fp16: 2)
@@ -93,18 +94,16 @@ def steady_traffic(algorithm: Algorithm, sizes: list[int], size: int, buildup: f
                    packed: bool = True) -> list[BucketTraffic]:
     """The method's steady-state step on a model of tensors ``sizes`` (model order) at ``size``
     ranks: its own plan (buckets, small tensors averaged densely), pattern and k. ``packed``:
-    per-tensor steps packed as the PyTorch faces pack them (``Algorithm.pack``: the same
+    per-tensor steps packed as the PyTorch faces pack them (``planning.pack_tensors``: the same
     decisions, fewer collectives). ``buildup`` (union / k) sizes the value allreduce of a
     non-exclusive method in the union pattern; None: ``size``, no overlap (the upper bound)."""
     keys = [f"t{i}" for i in range(len(sizes))]
     position = {key: i for i, key in enumerate(keys)}
-    plan = algorithm.plan(keys, sizes)
+    plan = plan_buckets(algorithm, keys, sizes)
     single = {name for name, _ in plan}
     if packed:
-        from ..faces import PACKED_BUCKET_ENTRIES
-
-        plan = algorithm.pack(plan, dict(zip(keys, sizes, strict=True)), dict.fromkeys(keys, "float32"),
-                              PACKED_BUCKET_ENTRIES)
+        plan = pack_tensors(algorithm, plan, dict(zip(keys, sizes, strict=True)),
+                            dict.fromkeys(keys, "float32"), PACKED_BUCKET_ENTRIES)
     out = []
     for bucket, members in plan:
         index = tuple(position[m] for m in members)

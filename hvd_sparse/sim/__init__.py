@@ -30,6 +30,7 @@ from ..algorithms.dense import DENSE, DenseAverage
 from ..backends import get_backend
 from ..comm.local import LocalGroup
 from ..engine import Engine
+from ..engine.planning import plan_buckets
 from ..registry import available, create
 from .tasks import TASKS
 
@@ -181,7 +182,7 @@ class SimulatedRanks:
         engines = [Engine(algorithm, backend, rank, world_size, write_into_inputs=True)
                    for rank in range(world_size)]
         named = [(name, p) for name, p in model.named_parameters() if p.requires_grad]
-        plan = algorithm.plan([name for name, _ in named], [p.numel() for _, p in named])
+        plan = plan_buckets(algorithm, [name for name, _ in named], [p.numel() for _, p in named])
         return cls(engines, LocalGroup(world_size, backend), named, plan,
                    {name: i for i, (name, _) in enumerate(named)})
 

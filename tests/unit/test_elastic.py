@@ -19,6 +19,7 @@ from hvd_sparse.algorithms import DEFT, DGC, LAGS, ExDyna, MiCRO, RandomK, Thres
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import plan_buckets
 
 NP = get_backend("numpy")
 SIZES = (700, 300, 1000)   # three tensors: DEFT splits the large ones into N units
@@ -44,7 +45,7 @@ def buckets_of(algorithm):
     """(bucket key, tensor positions) as a face would file the three tensors."""
     keys = [f"t{i}" for i in range(len(SIZES))]
     return [(bucket, [keys.index(k) for k in members])
-            for bucket, members in algorithm.plan(keys, list(SIZES))]
+            for bucket, members in plan_buckets(algorithm, keys, list(SIZES))]
 
 
 def residual_before(engine, bucket, numel):

@@ -20,6 +20,7 @@ from torch.nn.parallel import DistributedDataParallel
 
 import hvd_sparse.torch as hs
 import hvd_sparse.torch.ddp as ddp
+from hvd_sparse.engine.planning import plan_buckets
 
 STEPS, DENSE, DENSITY, LR, DECAY = 7, 2, 0.1, 0.01, 0.01
 CONFIGS = {
@@ -64,7 +65,7 @@ def step(model, wrapped, named, adamw, x, y, label: str) -> dict:
 def run(label: str, method: str, options: dict, kind: str | None, rank: int) -> None:
     model, wrapped, named, state, adamw = build(method, options)
     names, sizes = [n for n, _ in named], [p.numel() for _, p in named]
-    plan = state.algorithm.plan(names, sizes)
+    plan = plan_buckets(state.algorithm, names, sizes)
     gradients = RawGradients(named)
     generator = torch.Generator().manual_seed(1000 + rank)
     for at in range(STEPS):

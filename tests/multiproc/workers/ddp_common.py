@@ -19,6 +19,7 @@ from checks import by_tensor, check_identical
 from torch.nn.parallel import DistributedDataParallel
 
 import hvd_sparse.torch.ddp as ddp
+from hvd_sparse.engine.planning import plan_buckets
 
 STEPS = 12
 BUCKET_CAP_MB = 0.002
@@ -84,7 +85,7 @@ def run(label: str, make_state: Callable, check: Check, *, steps: int = STEPS,
                                       find_unused_parameters=find_unused_parameters)
     wrapped.register_comm_hook(state, ddp.hook)
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    plan = state.algorithm.plan([n for n, _ in named], [p.numel() for _, p in named])
+    plan = plan_buckets(state.algorithm, [n for n, _ in named], [p.numel() for _, p in named])
     generator = torch.Generator().manual_seed(1000 + rank)
     gradients = RawGradients(named)
     for step in range(steps):

@@ -31,6 +31,7 @@ from tf_common import make_model as _make_model
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse import ConfigurationError
+from hvd_sparse.engine.planning import plan_buckets
 from hvd_sparse.tensorflow import keras as hs_keras
 from hvd_sparse.tensorflow.optimizers import AdamW
 
@@ -86,7 +87,8 @@ def run(label: str, method: str, options: dict, kind: str | None) -> None:
     algorithm, rank = compressor.algorithm, hvd.rank()
     keys = [f"g{i}" for i in range(len(model.trainable_variables))]
     sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
-    plan = [(bucket, [keys.index(m) for m in members]) for bucket, members in algorithm.plan(keys, sizes)]
+    plan = [(bucket, [keys.index(m) for m in members])
+            for bucket, members in plan_buckets(algorithm, keys, sizes)]
     step_fn = train_step(model, compressor, optimizer)
     for step, (x, y) in enumerate(batches()):
         old = by_tensor(compressor.state_dict()["buckets"])

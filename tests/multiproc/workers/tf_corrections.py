@@ -41,6 +41,7 @@ from tf_common import make_model as _make_model
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse import ConfigurationError
+from hvd_sparse.engine.planning import plan_buckets
 from hvd_sparse.tensorflow import keras as hs_keras
 
 STEPS = 8
@@ -124,7 +125,8 @@ def run(label: str, method: str, options: dict, kind: str | None) -> None:
     corrections = algorithm.corrections
     keys = [f"g{i}" for i in range(len(model.trainable_variables))]
     sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
-    plan = [(bucket, [keys.index(m) for m in members]) for bucket, members in algorithm.plan(keys, sizes)]
+    plan = [(bucket, [keys.index(m) for m in members])
+            for bucket, members in plan_buckets(algorithm, keys, sizes)]
     step_fn = train_step(model, compressor)
     for step, (x, y) in enumerate(batches(nan_step=NAN_STEP.get(label))):
         old = by_tensor(compressor.state_dict()["buckets"])
@@ -210,7 +212,7 @@ def nonfinite_raise() -> None:
     keys = [f"g{i}" for i in range(6)]
     sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
     plan = [(bucket, [keys.index(m) for m in members])
-            for bucket, members in compressor.algorithm.plan(keys, sizes)]
+            for bucket, members in plan_buckets(compressor.algorithm, keys, sizes)]
     assert [b for b, _ in plan] == ["model", "dense_below"], plan   # the poisoned bucket runs last
     raised = 0
     for step, (x, y) in enumerate(batches(6)):

@@ -30,6 +30,7 @@ from tf_common import make_model as _make_model
 
 import hvd_sparse.tensorflow as hs
 from hvd_sparse import ConfigurationError
+from hvd_sparse.engine.planning import plan_buckets
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 DENSITY = 0.05
@@ -54,7 +55,7 @@ def run(label: str, tape_kind: str, graph: bool = True, **options) -> None:
     if compressor.algorithm.scope == "tensor":
         plan = [(key, [key]) for key in keys]   # the TF face's per-tensor buckets
     else:
-        plan = compressor.algorithm.plan(keys, [int(np.prod(v.shape)) for v in variables])
+        plan = plan_buckets(compressor.algorithm, keys, [int(np.prod(v.shape)) for v in variables])
     position = {key: i for i, key in enumerate(keys)}
 
     def distributed(tape):

@@ -36,6 +36,7 @@ from checks import check_identical
 from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse.torch as hs
+from hvd_sparse.engine.planning import plan_buckets
 
 STEPS = 7
 DENSE = 2
@@ -115,7 +116,7 @@ def run(label: str, method: str, options: dict, kind: str | None) -> None:
     model, named, compressor, optimizer = build(method, options, f"hs.{label}")
     algorithm, rank = compressor.algorithm, hvd.rank()
     names, sizes = [n for n, _ in named], [p.numel() for _, p in named]
-    plan = algorithm.plan(names, sizes)
+    plan = plan_buckets(algorithm, names, sizes)
     gradients = RawGradients(named)
     for step, (x, y) in enumerate(batches(STEPS)):
         old = by_tensor(compressor.state_dict()["buckets"])

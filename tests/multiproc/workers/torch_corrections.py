@@ -40,6 +40,7 @@ from correction_checks import check_corrected_bucket, check_raised, target_densi
 from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse.torch as hs
+from hvd_sparse.engine.planning import plan_buckets
 
 STEPS = 8
 DENSITY = 0.1
@@ -115,7 +116,7 @@ def run(label: str, method: str, options: dict, kind: str | None) -> None:
     algorithm, rank = compressor.algorithm, hvd.rank()
     corrections = algorithm.corrections
     names, sizes = [n for n, _ in named], [p.numel() for _, p in named]
-    plan = algorithm.plan(names, sizes)
+    plan = plan_buckets(algorithm, names, sizes)
     check_plan(plan, names, sizes, corrections.dense_below, label)
     gradients = RawGradients(named)
     nan_step = NAN_STEP.get(label)
@@ -213,7 +214,7 @@ def nonfinite_raise(label: str, method: str, options: dict) -> None:
     model[0].weight.register_hook(lambda g: g * float("nan") if poison["on"] else g)
     gradients = RawGradients(named)   # after the poison: what the compressor is handed
     names, sizes = [n for n, _ in named], [p.numel() for _, p in named]
-    plan = compressor.algorithm.plan(names, sizes)
+    plan = plan_buckets(compressor.algorithm, names, sizes)
     corrections = compressor.algorithm.corrections
     raised = 0
     for step, (x, y) in enumerate(batches(6)):

@@ -27,6 +27,7 @@ from torch_common import RawGradients, allgather_rows
 
 import hvd_sparse
 import hvd_sparse.torch as hs
+from hvd_sparse.engine.planning import plan_buckets
 
 STEPS = int(sys.argv[1]) if len(sys.argv) > 1 else 20
 DENSITY = 0.05
@@ -69,7 +70,7 @@ def run(label: str, delay: float = 0.0, via_registry: bool = False, **options) -
     optimizer = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.1),
                                          named_parameters=named, compression=compressor)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    plan = compressor.algorithm.plan([n for n, _ in named], [p.numel() for _, p in named])
+    plan = plan_buckets(compressor.algorithm, [n for n, _ in named], [p.numel() for _, p in named])
     expected_groups = 6 if compressor.algorithm.merge_threshold == 0 else 3
     assert len(plan) == expected_groups, plan
 

@@ -23,6 +23,7 @@ from hvd_sparse.backends import get_backend
 from hvd_sparse.comm import ALLGATHER, ALLREDUCE
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import plan_buckets
 from tests.reference.engine import expected_step, topk_indices
 
 NP = get_backend("numpy")
@@ -42,7 +43,7 @@ def test_groups_merge_backward_until_the_threshold():
     assert plan_groups(["a", "b", "c"], [4096, 4096, 1], 8192) == [("group0", ["c", "b", "a"])]
     assert plan_groups(["a", "b", "c"], [1, 4096, 4096], 8192) == [("group0", ["c", "b"]),
                                                                    ("group1", ["a"])]
-    assert LAGS(0.1).plan(keys, sizes) == plan_groups(keys, sizes, 8192)  # default threshold 8192
+    assert plan_buckets(LAGS(0.1), keys, sizes) == plan_groups(keys, sizes, 8192)  # default threshold 8192
 
 
 def test_scope_follows_the_merge_threshold():
@@ -129,7 +130,7 @@ def test_every_group_matches_the_reference_and_keeps_exact_error_feedback(size, 
     algorithm = LAGS(0.05, merge_threshold=threshold)
     engines = [Engine(algorithm, NP, r, size) for r in range(size)]
     keys = list(SHAPES)
-    plan = algorithm.plan(keys, [int(np.prod(SHAPES[k])) for k in keys])
+    plan = plan_buckets(algorithm, keys, [int(np.prod(SHAPES[k])) for k in keys])
     assert len(plan) == {0: len(keys), 20: 4, 10**6: 1}[threshold]
     rng = np.random.default_rng(size * 100 + threshold % 97)
     for _ in range(15):
@@ -174,7 +175,7 @@ def adaptive_setup(size, **options):
     algorithm = LAGS(0.01, merge_threshold=20, adaptive=True, profile_steps=3, **options)
     engines = [Engine(algorithm, NP, r, size, prefix="job") for r in range(size)]
     keys = list(SHAPES)
-    plan = algorithm.plan(keys, [int(np.prod(SHAPES[k])) for k in keys])
+    plan = plan_buckets(algorithm, keys, [int(np.prod(SHAPES[k])) for k in keys])
     return algorithm, engines, plan
 
 

@@ -18,6 +18,7 @@ from hvd_sparse.backends import get_backend  # noqa: E402
 from hvd_sparse.backends.tf_backend import Packed, packed_dtype, unpack  # noqa: E402
 from hvd_sparse.comm.local import LocalGroup  # noqa: E402
 from hvd_sparse.engine import Engine  # noqa: E402
+from hvd_sparse.engine.planning import plan_buckets  # noqa: E402
 
 SIZE = 2
 SHAPES = [(7, 5), (5,), (3, 3, 4, 6), (1,), (300,), (12, 33)]
@@ -55,7 +56,7 @@ def run(method: str, options: dict, dtypes: list[str], packed: bool) -> tuple[li
     engines = [Engine(algorithm, backend, rank, SIZE) for rank in range(SIZE)]
     group = LocalGroup(SIZE, backend)
     keys = [f"g{i}" for i in range(len(SHAPES))]
-    plan = algorithm.plan(keys, [int(np.prod(s)) for s in SHAPES])
+    plan = plan_buckets(algorithm, keys, [int(np.prod(s)) for s in SHAPES])
     averages = []
     for step in range(6):
         grads = [gradients(step, rank, dtypes) for rank in range(SIZE)]

@@ -46,7 +46,7 @@ def test_async_protocols_record_issue_completion_and_waiting():
     protocols.poll()
     seen_a = protocols.timeline()["a"][1]
     assert seen_a is not None and protocols.timeline()["b"][1] is None
-    protocols.finish_all()
+    assert protocols.finish()[1] == {}
     assert protocols.results == {"a": np.array([1]), "b": np.array([2])}
     assert protocols.completed_at["a"] == seen_a  # completion is when it was seen, not the wait
     assert protocols.completed_at["b"] >= seen_a
@@ -74,7 +74,7 @@ def test_every_collective_is_recorded_and_the_time_in_flight_splits_at_a_moment(
     comm.done.add(1)
     protocols.poll()
     assert all(c[4] is not None for c in protocols.collectives)
-    protocols.finish_all()
+    assert protocols.finish()[1] == {}
     names = [c[0] for c in protocols.collectives]
     assert names == ["x.idx", "x.val", "x.more"]
     assert [c[2] for c in protocols.collectives] == [12, 12, 40]

@@ -11,8 +11,8 @@ import numpy as np
 import pytest
 import torch
 
-from hvd_sparse.comm import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective
-from hvd_sparse.comm.torch_distributed import SerialWorker, TorchDistributedComm, run_together
+from hvd_sparse.comm import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS, Collective, run_together
+from hvd_sparse.comm.torch_distributed import SerialWorker, TorchDistributedComm
 from tests.unit.single_rank import single_rank_group
 
 

@@ -21,6 +21,7 @@ from hvd_sparse.algorithms.corrections import Corrections, warmup_density
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import plan_buckets
 
 NP = get_backend("numpy")
 SHAPES = [(40, 30), (30,), (20, 25), (25,)]
@@ -48,7 +49,7 @@ def run(algorithm, size, steps, seed=0, check=None, nonfinite="skip"):
     engines = [Engine(copy.deepcopy(algorithm), NP, r, size, nonfinite=nonfinite) for r in range(size)]
     group = LocalGroup(size, NP)
     keys = [f"p{i}" for i in range(len(SHAPES))]
-    plan = algorithm.plan(keys, SIZES)
+    plan = plan_buckets(algorithm, keys, SIZES)
     for step in range(steps):
         grads = grads_for(rng, size, step)
         outputs = {}
@@ -226,10 +227,10 @@ def test_every_method_follows_the_warmup_target(name):
 # --- dense small tensors ------------------------------------------------------------------------------
 def test_plan_takes_small_tensors_out():
     keys = [f"p{i}" for i in range(4)]
-    assert ExDyna(0.01, dense_below=100).plan(keys, SIZES) == [("model", ["p0", "p2"]),
+    assert plan_buckets(ExDyna(0.01, dense_below=100), keys, SIZES) == [("model", ["p0", "p2"]),
                                                                (DENSE_BUCKET, ["p1", "p3"])]
-    assert TopK(0.01, dense_below=100).plan(keys, SIZES) == [(k, [k]) for k in keys]
-    assert ExDyna(0.01).plan(keys, SIZES) == [("model", keys)]
+    assert plan_buckets(TopK(0.01, dense_below=100), keys, SIZES) == [(k, [k]) for k in keys]
+    assert plan_buckets(ExDyna(0.01), keys, SIZES) == [("model", keys)]
 
 
 @pytest.mark.parametrize("name", ["exdyna", "micro", "deft", "lags", "topk", "dgc"])
@@ -346,7 +347,7 @@ def test_clipping_leaves_the_inputs_and_spares_dense_steps_and_small_tensors():
     engines = [Engine(copy.deepcopy(algorithm), NP, r, size) for r in range(size)]
     group = LocalGroup(size, NP)
     keys = [f"p{i}" for i in range(len(SHAPES))]
-    plan = dict(algorithm.plan(keys, SIZES))
+    plan = dict(plan_buckets(algorithm, keys, SIZES))
     for step in range(2):
         grads = grads_for(rng, size, step)
         for bucket, members in plan.items():

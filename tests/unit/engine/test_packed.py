@@ -12,6 +12,7 @@ from hvd_sparse.algorithms import DGC, GaussianK, RandomK, Threshold, TopK
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import pack_tensors, plan_buckets, step_members
 
 NP = get_backend("numpy")
 # A 1-entry tensor (DGC sends it whole: k = n, its velocity is never masked), small ones DGC does
@@ -183,11 +184,12 @@ def test_pack_bundles_the_dense_below_tensors_with_the_run_they_sit_in():
     sizes = dict(zip(keys, [50, 5, 60, 5, 30, 4, 5], strict=True))
     dtypes = {k: "float16" if k == "hb" else "float32" for k in keys}
     algorithm = TopK(0.1, dense_below=10)
-    plan = algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes, limit=100)
+    planned = plan_buckets(algorithm, keys, [sizes[k] for k in keys])
+    plan = pack_tensors(algorithm, planned, sizes, dtypes, limit=100)
     assert plan == [("w1", ["w1"]), ("b1", ["b1"]), ("w2-w3", ["w2", "w3"]), ("b2-b3", ["b2", "b3"]),
                     ("hb", ["hb"])]
-    assert [algorithm.step_members(m) for _, m in plan] == [(), (), ("w2", "w3"), ("b2", "b3"), ()]
-    assert algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes) == [
+    assert [step_members(algorithm, m) for _, m in plan] == [(), (), ("w2", "w3"), ("b2", "b3"), ()]
+    assert pack_tensors(algorithm, planned, sizes, dtypes) == [
         ("w1-w3", ["w1", "w2", "w3"]), ("b1-b3", ["b1", "b2", "b3"]), ("hb", ["hb"])]
 
 
@@ -225,14 +227,15 @@ def test_pack_runs_packable_tensors_of_a_dtype_up_to_the_limit():
     sizes = dict(zip(keys, [30, 40, 0, 50, 200, 5, 60, 70, 20, 30], strict=True))
     dtypes = {k: "float16" if k == "half" else "float32" for k in keys}
     algorithm = TopK(0.1, dense_below=10)
-    plan = algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes, limit=100)
+    planned = plan_buckets(algorithm, keys, [sizes[k] for k in keys])
+    plan = pack_tensors(algorithm, planned, sizes, dtypes, limit=100)
     assert plan == [("empty", ["empty"]), ("a-b", ["a", "b"]), ("c", ["c"]), ("d", ["d"]),
                     ("small", ["small"]), ("e-f", ["e", "f"]), ("half", ["half"]), ("g", ["g"])]
-    assert algorithm.pack(algorithm.plan(keys, [sizes[k] for k in keys]), sizes, dtypes) == [
+    assert pack_tensors(algorithm, planned, sizes, dtypes) == [
         ("empty", ["empty"]), ("a-g", ["a", "b", "c", "d", "e", "f", "g"]), ("small", ["small"]),
         ("half", ["half"])]
-    assert [algorithm.step_members(m) for _, m in plan] == [(), ("a", "b"), (), (), (), ("e", "f"), (), ()]
+    assert [step_members(algorithm, m) for _, m in plan] == [(), ("a", "b"), (), (), (), ("e", "f"), (), ()]
     for unpackable in (TopK(0.1, scope="model"), Threshold(0.1), TopK(0.1, dense_below=100, scope="model")):
-        unpacked = unpackable.plan(keys, [sizes[k] for k in keys])
-        assert unpackable.pack(unpacked, sizes, dtypes, limit=100) == unpacked
-        assert all(unpackable.step_members(m) == () for _, m in unpacked)
+        unpacked = plan_buckets(unpackable, keys, [sizes[k] for k in keys])
+        assert pack_tensors(unpackable, unpacked, sizes, dtypes, limit=100) == unpacked
+        assert all(step_members(unpackable, m) == () for _, m in unpacked)

@@ -19,6 +19,7 @@ from hvd_sparse.backends import get_backend
 from hvd_sparse.backends.base import Momentum, SecondMoment
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import plan_buckets
 from tests.unit.kernels.test_cpu import cpu_ops, gradients, kinds, needs_kernels, same
 from tests.unit.kernels.test_momentum import clones, start
 from tests.unit.kernels.test_topk import reference
@@ -151,7 +152,7 @@ def run_steps(algorithm, size, steps, grads_at, nonfinite="skip"):
     engines = [Engine(copy.deepcopy(algorithm), TB, r, size, nonfinite=nonfinite, write_into_inputs=True)
                for r in range(size)]
     group = LocalGroup(size, TB)
-    plan = algorithm.plan([f"p{i}" for i in range(3)], [300_000, 2_000, 777])
+    plan = plan_buckets(algorithm, [f"p{i}" for i in range(3)], [300_000, 2_000, 777])
     history = []
     for step in range(steps):
         inputs = [[t.clone() for t in grads_at(step, r)] for r in range(size)]

@@ -19,6 +19,7 @@ from hvd_sparse.backends import exact as numerics
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import plan_buckets
 from tests.unit.kernels.test_cpu import cpu_ops, gradients, needs_kernels, same
 
 NP, TB = get_backend("numpy"), get_backend("torch")
@@ -251,7 +252,7 @@ def run_steps(algorithm, size, steps, grads_at, keys):
     """Every rank's returned tensors, residuals and statistics after each step, bucket by bucket
     as the algorithm plans them."""
     sizes = [t.numel() for t in grads_at(0, 0)]
-    plan = algorithm.plan(keys, sizes)
+    plan = plan_buckets(algorithm, keys, sizes)
     position = {key: i for i, key in enumerate(keys)}
     engines = [Engine(copy.deepcopy(algorithm), TB, r, size, write_into_inputs=True) for r in range(size)]
     group, history = LocalGroup(size, TB), []

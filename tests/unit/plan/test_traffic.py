@@ -10,6 +10,7 @@ from hvd_sparse.algorithms import METHODS
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm.protocol import ALLGATHER, ALLREDUCE, BROADCAST
 from hvd_sparse.engine import Engine
+from hvd_sparse.engine.planning import pack_tensors, plan_buckets
 from hvd_sparse.plan import RecordingGroup, bytes_per_rank, dense_traffic, steady_traffic
 
 NP = get_backend("numpy")
@@ -28,11 +29,11 @@ def record_steps(algorithm, size: int, steps: int,
     engines = [Engine(algorithm, NP, r, size) for r in range(size)]
     group, rng = RecordingGroup(size, NP), np.random.default_rng(0)
     keys = [f"t{i}" for i in range(len(SIZES))]
-    plan = algorithm.plan(keys, SIZES)
+    plan = plan_buckets(algorithm, keys, SIZES)
     single = {name for name, _ in plan}
     if packed:
-        plan = algorithm.pack(plan, dict(zip(keys, SIZES, strict=True)), dict.fromkeys(keys, "float32"),
-                              1 << 22)
+        plan = pack_tensors(algorithm, plan, dict(zip(keys, SIZES, strict=True)),
+                            dict.fromkeys(keys, "float32"), 1 << 22)
     per_step = []
     for _ in range(steps):
         before = len(group.phases)

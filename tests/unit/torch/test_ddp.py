@@ -122,7 +122,7 @@ def test_whole_model_methods_run_once_per_step_on_the_model_in_parameter_order(d
     train(model, state, 5, bucket_cap_mb=0.001, check=check, **ddp_options)
     assert state.stats()["step"] == 5 and state.stats()["own_partition"] == [0, sum(sizes)]
     assert list(state.state_dict()["buckets"]) == ["model"]
-    assert len(state._key_of) == 4 and sorted(state._key_of.values()) == ["p0", "p1", "p2", "p3"]
+    assert len(state._steps.key_of) == 4 and sorted(state._steps.key_of.values()) == ["p0", "p1", "p2", "p3"]
 
 
 def test_gradients_accumulated_under_no_sync_are_sparsified_once_per_synchronized_step():
