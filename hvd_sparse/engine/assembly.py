@@ -149,7 +149,8 @@ class StepAssembly:
         self.backend = backend
         self.plan = Plan()
         self.arrivals = Arrivals()
-        self.results: dict[str, Any] = {}   # bucket -> its averaged tensors, this step
+        self.done: list[str] = []           # the buckets finished this step, in order
+        self.results: dict[str, Any] = {}   # bucket -> its averaged tensors, where kept (``finish``)
         self.issued: dict[str, float] = {}   # bucket -> perf_counter when it was started
         self.completed: dict[str, float] = {}   # ... when its driver returned its result
         self._planner: Planner = partial(face_plan, algorithm, limit=limit)
@@ -158,7 +159,7 @@ class StepAssembly:
     def begin(self, now: float) -> None:
         """A new step, whose first gradient arrived at ``now`` (perf_counter)."""
         self.arrivals = Arrivals(began=now)
-        self.results, self.issued, self.completed = {}, {}, {}
+        self.done, self.results, self.issued, self.completed = [], {}, {}, {}
 
     def replan(self, keys: list[str], sizes: list[int], dtypes: list[str]) -> None:
         """The method's buckets over ``keys`` (in a rank-independent order)."""
@@ -202,9 +203,9 @@ class StepAssembly:
         self.issued[bucket] = time.perf_counter()
         driver.start(bucket, engine.step(bucket, inputs, **step_options))
 
-    def finished(self, bucket: str, result: Any) -> None:
+    def mark_done(self, bucket: str) -> None:
         """A bucket a graph drove to completion itself (TensorFlow's phased steps)."""
-        self.results[bucket] = result
+        self.done.append(bucket)
         self.completed[bucket] = time.perf_counter()
 
     def start_ready(self, engine: Engine, driver: Starts, **step_options: Any) -> list[str]:
@@ -214,15 +215,20 @@ class StepAssembly:
             self.start(bucket, engine, driver, **step_options)
         return ready
 
-    def finish(self, engine: Engine, driver: Driver) -> dict[str, Any]:
+    def finish(self, engine: Engine, driver: Driver, keep: bool = True) -> dict[str, Any]:
         """Drive every started bucket to completion; the buckets that finished now, with their
-        averages. If any raised (alike on every rank: ``nonfinite="raise"``), every bucket that
-        finished this step takes its step back, so it is applied nowhere, and the first error is
-        raised once all have finished."""
+        averages, which ``result`` gives until the next step when ``keep`` (a face that copies
+        them out at once passes False: they would hold a copy of the gradients). If any raised
+        (alike on every rank: ``nonfinite="raise"``), every bucket that finished this step takes
+        its step back, so it is applied nowhere, and the first error is raised once all have
+        finished."""
         results, errors = driver.finish()
         done = time.perf_counter()
-        self.results.update(results)
-        self.completed.update(dict.fromkeys(results, done))
+        new = [bucket for bucket in results if bucket not in self.completed]
+        self.done += new
+        self.completed.update(dict.fromkeys(new, done))
+        if keep:
+            self.results.update(results)
         if errors:
             self.take_back(engine)
             raise next(iter(errors.values()))
@@ -244,7 +250,7 @@ class StepAssembly:
 
     def take_back(self, engine: Engine) -> None:
         """Undo the step of every bucket that finished this step (at most once)."""
-        finished, self.results = list(self.results), {}
+        finished, self.done, self.results = self.done, [], {}
         engine.take_back(finished)
 
     def result(self, key: str) -> Any:

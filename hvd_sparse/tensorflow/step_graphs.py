@@ -189,7 +189,7 @@ class StepGraphs:
             phase: list[Collective] = next(protocol) if sent is None else protocol.send(sent)
         except StopIteration as done:
             del self._inflight[key]
-            self.assembly.finished(key, done.value)
+            self.assembly.mark_done(key)
             return _parts_of(done.value, results)
         if expected is None or [(c.op, c.name) for c in phase] != [(op, n) for op, n, _ in expected]:
             raise RankMismatchError(f"step of {key!r} issued {[c.signature() for c in phase]}, the "
@@ -220,5 +220,5 @@ class StepGraphs:
             tensors = grads[offset:offset + len(specs)]
             offset += len(specs)
             assembly.start_inputs(key, Packed(specs, tensors), engine, driver)
-            outputs += _parts_of(assembly.finish(engine, driver)[key], tensors)
+            outputs += _parts_of(assembly.finish(engine, driver, keep=False)[key], tensors)
         return outputs

@@ -129,7 +129,7 @@ class DDPSteps:
         if not assembly.start_ready(engine, self.driver, check_layout=False):
             return
         try:
-            results = assembly.finish(engine, self.driver)
+            results = assembly.finish(engine, self.driver, keep=False)
         except Exception as error:   # every bucket finished this step is taken back
             step.error = step.error or error
             return
@@ -143,7 +143,7 @@ class DDPSteps:
         """Set the futures of the DDP buckets whose engine buckets have all finished."""
         if step.error is not None:
             return   # they fail at the end of the step, with the error
-        finished, bucket_of = self.assembly.results, self.assembly.plan.bucket_of
+        finished, bucket_of = set(self.assembly.done), self.assembly.plan.bucket_of
         still = []
         for arrival, keys in step.waiting:
             if all(bucket_of[k][0] in finished for k in keys):
