@@ -3,7 +3,7 @@
 The same job in both frameworks, 2 ranks, AdamW (lr 1e-3, weight decay 0.01, eps 1e-8), the same
 initial weights and batches:
 
-* **TensorFlow**: real Horovod jobs (``horovodrun --gloo``) of scripts/adam_twin_tf_worker.py, the
+* **TensorFlow**: real Horovod jobs (``horovodrun --gloo``) of scripts/workers/adam_twin_tf_worker.py, the
   Keras twin of the small GPT (hvd_sparse/sim/gpt_tf.py) in a ``DistributedGradientTape`` loop;
 * **PyTorch**: the N-rank simulator (hvd_sparse.sim) on the small GPT, the engine as the PyTorch
   face runs it.
@@ -38,7 +38,7 @@ from hvd_sparse.sim import simulate
 
 REPO = Path(__file__).resolve().parents[1]
 BIN = Path(sys.executable).parent
-WORKER = REPO / "scripts" / "adam_twin_tf_worker.py"
+WORKER = REPO / "scripts" / "workers" / "adam_twin_tf_worker.py"
 RANKS = 2
 RECIPE = {"lr": 1e-3, "weight_decay": 0.01, "batch_size": 8, "seed": 0}
 METHOD = ("exdyna", "ExDyna", {"threshold_scaling": "tracking"})   # simulator name, TF class, options
@@ -56,7 +56,9 @@ def tensorflow_run(mode: str, steps: int, density: float) -> dict:
                    sys.executable, str(WORKER), "--mode", mode, "--method", cls, "--density", str(density),
                    "--steps", str(steps), "--out", str(out),
                    *[f"--option={name}={value}" for name, value in options.items()]]
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1"}
+        env = {**os.environ, "OMP_NUM_THREADS": "1", "TF_CPP_MIN_LOG_LEVEL": "3", "TF_USE_LEGACY_KERAS": "1",
+               "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "scripts"),
+                                              os.environ.get("PYTHONPATH", "")])}   # for the worker
         job = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600,
                              check=False)
         if job.returncode != 0:

@@ -6,7 +6,7 @@ fp16 and PowerSGD hooks and hvd_sparse's hooks, on loopback or an emulated netwo
     python scripts/bench_ddp.py --net 1gbit --horovod --out-dir bench/ddp-1gbit   # root: netns
 
 One job runs every configuration side by side (the end-to-end benchmark's method,
-scripts/bench_e2e_worker.py): per repeat, the configurations run in blocks, in an order rotated
+scripts/workers/bench_e2e_worker.py): per repeat, the configurations run in blocks, in an order rotated
 from repeat to repeat; a block builds a fresh model from seed 0, wraps it in DDP with the
 configuration's hook, runs ``--warmup`` untimed steps (DDP rebuilds its buckets after the first),
 then ``--steps`` timed steps. A step is ``zero_grad``,
@@ -42,8 +42,8 @@ import time
 from pathlib import Path
 
 from bench_e2e import median_ci, netns
-from bench_e2e_worker import MODELS, block_order, build_model
 from results import machine_info, output_dir
+from workers.bench_e2e_worker import MODELS, block_order, build_model
 
 HERE = Path(__file__).resolve().parent
 # name -> (hvd_sparse method or one of PyTorch's, options)

@@ -13,16 +13,17 @@ compression and every hvd_sparse method, on loopback and on emulated networks.
                                             # the compute-bound target with many paired steps
     python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 112 \
         --configs dense,fp16,local,exdyna-tracking,micro,topk --settle 600 --out bench/e2e-resnet18
-                                            # a standard architecture (scripts/e2e_models.py:
+                                            # a standard architecture (scripts/models/e2e_models.py:
                                             # resnet18, resnet50, gpt); img/s or tokens/s per rank;
                                             # --settle: a sparsifier whose density has not settled
                                             # after --sparse-warmup (MiCRO's paper start) steps on
     python scripts/bench_e2e.py --framework tensorflow --models mobilenetv2 resnet18 --nets loopback \
         --sizes 2 --out bench/e2e-tf       # the same jobs in TensorFlow (tf-keras,
-                                            # hvd.DistributedGradientTape; scripts/bench_e2e_tf_worker.py)
+                                            # hvd.DistributedGradientTape;
+                                            # scripts/workers/bench_e2e_tf_worker.py)
     python scripts/bench_e2e.py --resummarize bench/e2e.json   # tables again, no measuring
 
-Each job is one Horovod run of scripts/bench_e2e_worker.py over N ranks, training every
+Each job is one Horovod run of scripts/workers/bench_e2e_worker.py over N ranks, training every
 configuration side by side (alternating order across repeats; see the worker's docstring), so
 ratios to dense come from the same run, the same machine state and the same ranks.
 
@@ -61,16 +62,16 @@ import tempfile
 import time
 from pathlib import Path
 
-import bench_e2e_tf_worker
-from bench_e2e_worker import ADAM_PATH, CONFIGS, REFERENCE, UNPACKED, known
 from e2e_phases import breakdown_table, phase_targets, summarize_phases
 from results import machine_info
+from workers import bench_e2e_tf_worker
+from workers.bench_e2e_worker import ADAM_PATH, CONFIGS, REFERENCE, UNPACKED, known
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 
-WORKER = HERE / "bench_e2e_worker.py"
-WORKERS = {"torch": WORKER, "tensorflow": HERE / "bench_e2e_tf_worker.py"}
+WORKER = HERE / "workers" / "bench_e2e_worker.py"
+WORKERS = {"torch": WORKER, "tensorflow": HERE / "workers" / "bench_e2e_tf_worker.py"}
 NETNS = HERE / "netns.sh"
 PREFIX = os.environ.get("HVDS_NETNS_PREFIX", "hvds")
 SUBNET = os.environ.get("HVDS_NETNS_SUBNET", "10.231.0")
@@ -82,7 +83,7 @@ SPARSIFIERS = [c for c in CONFIGS if c not in ("dense", "fp16", "local")]
 # one configuration is alive at a time (13 copies of its residuals would not fit 4 ranks here).
 # cnn is the compute-bound one (0.54M parameters): every configuration stays alive and they take
 # turns step by step, which keeps small differences measurable on a busy machine.
-# The standard architectures (scripts/e2e_models.py): resnet18 (11.7M) interleaved like cnn (the
+# The standard architectures (scripts/models/e2e_models.py): resnet18 (11.7M) interleaved like cnn (the
 # loopback overhead target is a small difference); resnet50 (25.6M) and gpt (27.4M, 128 tokens per
 # sample) one at a time. On one thread here a step of resnet18 at batch 16 takes ~3 s at 224x224,
 # ~0.8 s at --image-size 112 and ~0.3 s at 64; gpt at batch 4 ~2.3 s.
@@ -144,7 +145,8 @@ def job_env(extra: dict | None = None) -> dict:
     env.update({
         "OMP_NUM_THREADS": "1",
         "PYTHONUNBUFFERED": "1",
-        "PYTHONPATH": os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]),
+        # scripts/workers/ import the models and helpers of scripts/
+        "PYTHONPATH": os.pathsep.join([str(REPO), str(HERE), env.get("PYTHONPATH", "")]),
         "PATH": os.pathsep.join([str(Path(sys.executable).parent), env.get("PATH", "")]),
         "TF_USE_LEGACY_KERAS": "1",     # Keras 2: what Horovod 0.28.1 and hvd_sparse's Keras face take
         "TF_CPP_MIN_LOG_LEVEL": env.get("TF_CPP_MIN_LOG_LEVEL", "3"),
@@ -640,7 +642,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "(a few minutes)")
     parser.add_argument("--framework", choices=sorted(WORKERS), default="torch",
                         help="the jobs' framework: PyTorch (hvd.DistributedOptimizer) or TensorFlow "
-                             "(tf-keras, hvd.DistributedGradientTape; scripts/bench_e2e_tf_worker.py)")
+                             "(tf-keras, hvd.DistributedGradientTape; "
+                             "scripts/workers/bench_e2e_tf_worker.py)")
     parser.add_argument("--models", nargs="+", choices=sorted(WORKLOADS))
     parser.add_argument("--nets", nargs="+", help="loopback and/or tc rates (e.g. 10gbit 1gbit 100mbit)")
     parser.add_argument("--sizes", nargs="+", type=int)

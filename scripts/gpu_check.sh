@@ -16,7 +16,7 @@
 #    the momentum floor: scripts/bench_select.py --device cuda --sizes 25e6 --world-sizes
 #    --methods exdyna micro --kernels on off --momentum 0.9
 # 5. The DDP face on NCCL and CUDA tensors: every method as a DDP communication hook, one rank per
-#    GPU, error feedback checked on every step (scripts/ddp_cuda_check.py)
+#    GPU, error feedback checked on every step (scripts/workers/ddp_cuda_check.py)
 #
 # Logs go to bench/gpu/ (cuda_tests_<gpu>.log, topk_kernels_<gpu>.log, select_kernels_<gpu>.log,
 # select_momentum_<gpu>.log, ddp_nccl_<gpu>.log; the selection benchmarks' JSON, Markdown and figure to
@@ -111,7 +111,7 @@ run_stage "momentum correction: ExDyna and MiCRO over the momentum floor" "$out/
     --methods exdyna micro --kernels on off --momentum 0.9 --repeats 5 --out-dir "$out/select-momentum"
 gpus=$("$python" -c 'import torch; print(torch.cuda.device_count())')
 run_stage "DDP hooks on NCCL and CUDA tensors, $gpus rank(s)" "$out/ddp_nccl_$tag.log" "$ddp_seconds" \
-    "$python" -m torch.distributed.run --standalone --nproc_per_node="$gpus" scripts/ddp_cuda_check.py
+    "$python" -m torch.distributed.run --standalone --nproc_per_node="$gpus" scripts/workers/ddp_cuda_check.py
 
 log "done (status $status); logs in $out/"
 exit "$status"

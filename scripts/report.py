@@ -139,7 +139,7 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "than section 29's, dense's step 2196 ms against 350 ms, which dilutes the sparsifiers' fixed "
      "cost in the ratios: section 31 measures the exchange alone)"),
     ("tf-packing.md", "TensorFlow's per-tensor steps packed or a bucket per tensor: the exchange alone",
-     "python scripts/tf_packing.py --rounds 30 --out-dir bench"),
+     "python scripts/investigations/tf_packing.py --rounds 30 --out-dir bench"),
     ("e2e-models-packed.md",
      "End to end on ResNet-18 in PyTorch: TopK and DGC per tensor packed, or a bucket per tensor",
      "python scripts/bench_e2e.py --models resnet18 --nets loopback --sizes 2 --image-size 64 "
@@ -311,7 +311,7 @@ CAUSES = {
         "elsewhere cost this machine more than the read (docs/kernels.md). One core's reads bound "
         "the floor here, so the check is a fourth read against the floor's three, before clearing "
         "the gradient, selecting and the step's bookkeeping; without it (`nonfinite=\"ignore\"`) the "
-        "step comes to about the limit. `scripts/momentum_profile.py` splits the step."),
+        "step comes to about the limit. `scripts/investigations/momentum_profile.py` splits the step."),
 }
 
 
@@ -452,8 +452,8 @@ def gpu_lines(bench: Path) -> list[str]:
                 "run in Triton's interpreter and compiled for sm_90 there, but have not run on a GPU: "
                 "no GPU was lent to the sessions that built them. `bash scripts/gpu_check.sh` runs "
                 "the CUDA tests, `bench_select.py --device cuda --kernels on off` and "
-                "`scripts/ddp_cuda_check.py` (the DDP face on NCCL) in one command and writes its logs "
-                "to bench/gpu/.", ""]
+                "`scripts/workers/ddp_cuda_check.py` (the DDP face on NCCL) in one command and writes "
+                "its logs to bench/gpu/.", ""]
     lines = ["## On a GPU", "", "Logs of the runs on a lent GPU machine; a run the time limit cut off is "
              "shown as far as it got.", ""]
     for log in gpu:

@@ -5,7 +5,7 @@ model, and labelled so.
 Three parts:
 
 * ``--calibrate NET ...`` (root: network namespaces): a 2-rank Horovod job per emulated network
-  times allreduce and allgather from 1 KB to 16 MB (scripts/scale_calibrate_worker.py); a
+  times allreduce and allgather from 1 KB to 16 MB (scripts/workers/scale_calibrate_worker.py); a
   least-squares line gives the network's fixed cost per collective and its bandwidth.
 * ``--validate E2E_JSON ...``: every configuration of real bench_e2e jobs (2 ranks, and 4 on this
   2-core machine, oversubscribed; emulated 1 Gbit/s and 100 Mbit/s) beside the model's step,
@@ -112,8 +112,8 @@ GPU_NOTE = ("GPU profile (assumed, not measured): computation per step forward/b
 
 # --- inputs: the models, this machine's costs ------------------------------------------------------
 def model_sizes(name: str) -> list[int]:
-    """A model's trainable tensors' sizes in model order (scripts/e2e_models.py's zoo)."""
-    from e2e_models import build
+    """A model's trainable tensors' sizes in model order (scripts/models/e2e_models.py's zoo)."""
+    from models.e2e_models import build
 
     return [p.numel() for p in build(name, "torch").model.parameters() if p.requires_grad]
 
@@ -177,7 +177,7 @@ def measure_compute(name: str, steps: int = 3) -> tuple[float, float, float]:
     the batch the end-to-end benchmark uses (median of ``steps`` after one)."""
     import bench_e2e
     import torch
-    from e2e_models import build
+    from models.e2e_models import build
 
     torch.set_num_threads(1)
     spec = build(name, "torch", image_size=64 if name.startswith("resnet") else None)
@@ -327,7 +327,7 @@ def calibrate(rates: list[str], out: Path) -> dict:
         print("[scale] " + bench_e2e.netns("up", "2", rate), flush=True)
         try:
             bench_e2e.launch_gloo(2, ["--out", str(result)], workdir, 600, namespaces=True,
-                                  worker=HERE / "scale_calibrate_worker.py")
+                                  worker=HERE / "workers" / "scale_calibrate_worker.py")
         finally:
             bench_e2e.netns("down")
         timings = json.loads(result.read_text())
@@ -345,7 +345,8 @@ def fit_network(timings: dict) -> dict:
     bandwidth: latency and Horovod's software, which a line through every size would bury under
     the large ones)."""
     size = timings["size"]
-    fit: dict = {"source": "scripts/scale_calibrate_worker.py: small-message median, large-message slope"}
+    fit: dict = {"source": "scripts/workers/scale_calibrate_worker.py: small-message median, "
+                           "large-message slope"}
     for op, scale in (("allreduce", 2 * (size - 1) / size), ("allgather", size - 1)):
         rows = sorted(timings[op])
         (b1, t1), (b2, t2) = rows[-2], rows[-1]

@@ -96,7 +96,7 @@ def tta_lines(tta_rows: list[dict]) -> list[str]:
 
 def probe_sentence(probe: list[dict]) -> str:
     """What each configuration really sent after the Adam path's dense steps at the probe's N
-    (scripts/adam_release_probe.py): the median achieved aggregate density."""
+    (scripts/investigations/adam_release_probe.py): the median achieved aggregate density."""
     if not probe:
         return ""
     def sent(run: dict) -> float:

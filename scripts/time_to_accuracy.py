@@ -24,7 +24,7 @@ Two studies (``--task``), each one task measured both ways and composed:
 
 time to target = steps to target x seconds per step (warm-up steps at dense's). Speedup over
 dense = dense's time / the method's. ``--validate CONFIG@NET`` (the word study) trains CONFIG in
-a real Horovod job on that network at 2 ranks all the way to the target (scripts/tta_worker.py)
+a real Horovod job on that network at 2 ranks all the way to the target (scripts/workers/tta_worker.py)
 and prints its wall-clock time beside the composed estimate.
 
     OMP_NUM_THREADS=1 python scripts/time_to_accuracy.py --curves          # simulator curves
@@ -467,7 +467,7 @@ def plot(setup: Setup, report: dict, table: dict, out_dir: Path) -> str | None:
 def validate(setup: Setup, spec: str, report: dict, timeout: float) -> dict:
     """Train ``CONFIG@NET`` in a real 2-rank Horovod job in that emulated network until the
     2-rank target (or the budget): steps and wall-clock seconds of training (evaluations
-    excluded), from scripts/tta_worker.py."""
+    excluded), from scripts/workers/tta_worker.py."""
     import tempfile
 
     import bench_e2e
@@ -487,7 +487,7 @@ def validate(setup: Setup, spec: str, report: dict, timeout: float) -> dict:
     print("[tta] " + bench_e2e.netns("up", "2", net), flush=True)
     try:
         bench_e2e.launch_gloo(2, worker_args, workdir, timeout, namespaces=True,
-                              worker=HERE / "tta_worker.py")
+                              worker=HERE / "workers" / "tta_worker.py")
     finally:
         bench_e2e.netns("down")
     run = json.loads(out.read_text())
@@ -524,7 +524,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--task {args.task} has no configurations {unknown}; it has "
                      f"{', '.join(args.setup.configs)}")
     if args.validate and args.setup.optimizer != "sgd":
-        parser.error("--validate trains with SGD (scripts/tta_worker.py): only --task word")
+        parser.error("--validate trains with SGD (scripts/workers/tta_worker.py): only --task word")
     args.configs = args.configs or list(args.setup.configs)
     args.sizes = args.sizes or list(args.setup.world_sizes)
     args.nets = args.nets or list(args.setup.nets)

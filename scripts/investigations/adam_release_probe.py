@@ -3,7 +3,7 @@ threshold and the achieved aggregate density step by step, for each configuratio
 An investigation behind issue 35's finding that at N = 16 ExDyna, MiCRO and DEFT on the Adam path
 do not reach dense's quality while TopK and LAGS do (bench/scale/tta).
 
-    OMP_NUM_THREADS=1 python scripts/adam_release_probe.py --size 16 --steps 160   # ~4 min
+    OMP_NUM_THREADS=1 python scripts/investigations/adam_release_probe.py --size 16 --steps 160   # ~4 min
 
 The task, recipe and density are scripts/time_to_accuracy.py's transformer study (AdamW,
 ρ = 0.01, the Adam path's 100 dense steps). Writes bench/adam-release/probe.{json,md}.
@@ -14,8 +14,11 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # scripts/: the helpers it builds on
 import time_to_accuracy as tta
 
 OUT = tta.REPO / "bench" / "adam-release"

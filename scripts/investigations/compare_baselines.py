@@ -1,6 +1,6 @@
 """Train the same small CNN on scikit-learn's digits with each sparsifier and print one table.
 
-    horovodrun --gloo -np 2 -H localhost:2 python scripts/compare_baselines.py [--density 0.01]
+    horovodrun --gloo -np 2 -H localhost:2 python scripts/investigations/compare_baselines.py [--density 0.01]
 
 Every method runs from the same initial weights and data order, with plain SGD (momentum 0.9
 for every method except DGC, whose momentum correction already is the momentum: it gets SGD

@@ -10,7 +10,7 @@ on every worker's accumulated vector ``a = g + e`` (gradient plus residual: what
 sees), the random-k error taken at its expectation ``(1 - k/d) ||a||^2``. The convergence argument
 needs delta <= 1 on every layer: layer-wise top-k no worse than random-k of the same size.
 
-    python scripts/lags_assumption.py [--workers 4 --density 0.01 --epochs 10]
+    python scripts/investigations/lags_assumption.py [--workers 4 --density 0.01 --epochs 10]
                                       [--out lags_assumption.json --plot lags_assumption.png]
 
 Prints a table, writes the JSON report and, where matplotlib is installed, a plot of delta per
@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-from results import pyplot, save
 from sklearn.datasets import load_digits
 from sklearn.model_selection import train_test_split
 
@@ -36,6 +36,9 @@ from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 from hvd_sparse.engine.planning import plan_buckets
 from hvd_sparse.sim.tasks import DigitsCNN
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # scripts/: the helpers it builds on
+from results import pyplot, save
 
 
 def parse_args() -> argparse.Namespace:

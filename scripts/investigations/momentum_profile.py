@@ -16,7 +16,7 @@ u, g and e and writes u and e) timed just before it; medians over repeats. Two p
 ``--clock cpu`` (the default) times by the thread's CPU time, which other jobs on a shared
 machine perturb less than the wall clock that bench_select uses (``--clock wall``).
 
-    python scripts/momentum_profile.py --repeats 9
+    python scripts/investigations/momentum_profile.py --repeats 9
 """
 
 from __future__ import annotations
@@ -25,17 +25,21 @@ import argparse
 import functools
 import random
 import statistics
+import sys
 import time
 import types
+from pathlib import Path
 
 import torch
-from bench_select import WARMUP, MomentumFloor, gradients, options_for
 
 import hvd_sparse
 from hvd_sparse.backends import get_backend
 from hvd_sparse.comm import local
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # scripts/: the helpers it builds on
+from bench_select import WARMUP, MomentumFloor, gradients, options_for
 
 FACTOR = 0.9
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}

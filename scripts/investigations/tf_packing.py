@@ -11,7 +11,7 @@ the instance). Configurations interleave, one step each per round in rotated ord
 starting with the ranks aligned by an untimed allreduce; figures are medians over rounds and the
 quartiles, and each step's ratio to the dense step of its round.
 
-    python scripts/tf_packing.py --rounds 30 --out-dir bench     # about 3 minutes
+    python scripts/investigations/tf_packing.py --rounds 30 --out-dir bench     # about 3 minutes
 """
 
 from __future__ import annotations
@@ -25,6 +25,8 @@ import time
 from pathlib import Path
 
 import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # scripts/: the helpers it builds on
 from results import machine_info, output_dir
 
 CONFIGS = ("dense", "topk:packed", "topk:alone", "dgc:packed", "dgc:alone")
@@ -65,7 +67,7 @@ def summarize(times: dict[str, list[float]], args: argparse.Namespace, seconds: 
         steps, ratios = np.asarray(values) * 1e3, np.asarray(values) / dense
         rows[config] = {"step_ms": [float(np.percentile(steps, q)) for q in (50, 25, 75)],
                         "ratio": [float(np.percentile(ratios, q)) for q in (50, 25, 75)]}
-    command = f"python scripts/tf_packing.py --rounds {args.rounds}"
+    command = f"python scripts/investigations/tf_packing.py --rounds {args.rounds}"
     return {"command": command, "machine": machine_info(), "seconds": seconds, "rounds": args.rounds,
             "density": DENSITY, "configs": rows}
 
@@ -91,7 +93,7 @@ def worker(args: argparse.Namespace) -> None:
     """One rank of the job: every configuration's steps, interleaved; rank 0 writes the times."""
     import horovod.tensorflow as hvd
     import tensorflow as tf
-    from e2e_models_tf import build_model
+    from models.e2e_models_tf import build_model
 
     import hvd_sparse.tensorflow as hs
 

@@ -1,7 +1,7 @@
 """The end-to-end benchmarks' model zoo, in PyTorch and TensorFlow (tf-keras), with synthetic data.
 
-    python scripts/e2e_models.py                 # every model's parameter count, both frameworks
-    python scripts/e2e_models.py --framework torch --models resnet18 gpt
+    python scripts/models/e2e_models.py                 # every model's parameter count, both frameworks
+    python scripts/models/e2e_models.py --framework torch --models resnet18 gpt
 
 ``build(name, framework)`` gives a ``ModelSpec``: the model built from seed 0 (identical weights on
 every rank, no broadcast), the synthetic batch maker, the loss and the throughput unit -- what a
@@ -17,7 +17,7 @@ Models (parameter counts are equal in both frameworks: torch ``parameters()`` an
   arithmetic per parameter (communication-bound at a small batch on a slow network). ``mlp7m``: the
   same shape at 1024 wide (7.4M). ``cnn``: 5 convolutions on 3x32x32 images, a small head, 0.54M
   parameters, much arithmetic per parameter (compute-bound). Unchanged from the builders that were
-  in scripts/bench_e2e_worker.py (same architecture, same seed-0 weights in torch), so earlier
+  in scripts/workers/bench_e2e_worker.py (same architecture, same seed-0 weights in torch), so earlier
   results stay comparable.
 - ``resnet18`` (11.69M) and ``resnet50`` (25.56M): the standard ImageNet ResNets (He et al. 2016;
   torchvision's layout: BasicBlock [2,2,2,2] / Bottleneck [3,4,6,3] with the stride on the 3x3
@@ -166,9 +166,9 @@ def build(name: str, framework: str = "torch", *, image_size: int | None = None,
     spec = describe(name, framework, image_size=image_size, seq_len=seq_len)
     if with_model:
         if framework == "torch":
-            import e2e_models_torch as zoo
+            from . import e2e_models_torch as zoo
         else:
-            import e2e_models_tf as zoo
+            from . import e2e_models_tf as zoo
         spec.model = zoo.build_model(name, spec.input_shape, seed)
     return spec
 

@@ -1,4 +1,4 @@
-"""The TensorFlow (tf-keras, Keras 2) models of scripts/e2e_models.py, imported by it when a
+"""The TensorFlow (tf-keras, Keras 2) models of scripts/models/e2e_models.py, imported by it when a
 TensorFlow model is built; see there for the models. The same architectures and parameter counts
 as e2e_models_torch.py, written with Keras layers (channels-last images). Keras 2 is what Horovod
 0.28.1 and hvd_sparse's Keras face support: ``TF_USE_LEGACY_KERAS=1`` is set here (by default)
@@ -10,7 +10,8 @@ import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 import tensorflow as tf
-from e2e_sizes import GPT
+
+from .e2e_sizes import GPT
 
 layers = tf.keras.layers
 

@@ -1,4 +1,4 @@
-"""The PyTorch models of scripts/e2e_models.py (imported by it when a torch model is built; see
+"""The PyTorch models of scripts/models/e2e_models.py (imported by it when a torch model is built; see
 there for the models and their sizes)."""
 
 from __future__ import annotations
@@ -6,13 +6,14 @@ from __future__ import annotations
 import math
 
 import torch
-from e2e_sizes import GPT
 from torch import nn
 from torch.nn import functional as F
 
+from .e2e_sizes import GPT
+
 
 def legacy_model(name: str) -> nn.Module:
-    """mlp25m, mlp7m and cnn exactly as scripts/bench_e2e_worker.py built them (same modules in
+    """mlp25m, mlp7m and cnn exactly as scripts/workers/bench_e2e_worker.py built them (same modules in
     the same order, so the same seed-0 weights)."""
     if name in ("mlp25m", "mlp7m"):
         width = 2048 if name == "mlp25m" else 1024

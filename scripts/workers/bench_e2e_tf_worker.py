@@ -1,7 +1,7 @@
 """One rank of the TensorFlow end-to-end benchmark (started by scripts/bench_e2e.py with
 ``--framework tensorflow``, one process per rank; or by hand under horovodrun).
 
-The TensorFlow twin of scripts/bench_e2e_worker.py, shaped like Horovod's
+The TensorFlow twin of scripts/workers/bench_e2e_worker.py, shaped like Horovod's
 ``examples/tensorflow2/tensorflow2_synthetic_benchmark.py``: a tf-keras model on synthetic data,
 one ``tf.function`` step that opens a ``GradientTape``, wraps it in a distributed tape
 (``hvd.DistributedGradientTape`` for dense and fp16, ``hvd_sparse.tensorflow.DistributedGradientTape``
@@ -18,10 +18,11 @@ record per configuration and visit), which bench_e2e.py summarises into the same
 TensorFlow targets (seed methods at >= 0.9x dense's throughput, TopK at >= 0.7x, on loopback).
 
     TF_USE_LEGACY_KERAS=1 OMP_NUM_THREADS=1 horovodrun --gloo -np 2 -H localhost:2 \\
-        python scripts/bench_e2e_tf_worker.py --configs dense,local,exdyna-tracking,topk --out r.json
+        env PYTHONPATH=scripts python scripts/workers/bench_e2e_tf_worker.py \\
+        --configs dense,local,exdyna-tracking,topk --out r.json
 
 Models: ``mobilenetv2`` (tf.keras.applications, weights=None, 1000 classes, like Horovod's
-script), or any model of scripts/e2e_models.py (``build(name, "tensorflow")``).
+script), or any model of scripts/models/e2e_models.py (``build(name, "tensorflow")``).
 """
 
 from __future__ import annotations
@@ -35,7 +36,8 @@ import sys
 import time
 from typing import Any
 
-from bench_e2e_worker import (
+from models.e2e_models import MODELS, build, describe
+from workers.bench_e2e_worker import (
     ADAM_PATH,
     STAT_KEYS,
     agree_on_rank0,
@@ -45,9 +47,8 @@ from bench_e2e_worker import (
     settle,
     visit_stats,
 )
-from bench_e2e_worker import known as known_shared
-from bench_e2e_worker import resolve as resolve_shared
-from e2e_models import MODELS, build, describe
+from workers.bench_e2e_worker import known as known_shared
+from workers.bench_e2e_worker import resolve as resolve_shared
 
 MOBILENET = "mobilenetv2"
 MOBILENET_SIZE = 128   # the default image side of MobileNetV2 here (Horovod's script uses 224)

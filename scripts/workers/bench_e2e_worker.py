@@ -27,8 +27,8 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from e2e_models import MODELS, build
 from e2e_phases import TimedCompression, rank_phases, slowest_rank_phases, timed_optimizer
+from models.e2e_models import MODELS, build
 
 from hvd_sparse.algorithms.corrections import RECOMMENDED
 
@@ -147,7 +147,7 @@ def agree_on_rank0(hvd: Any, config: str) -> Any:
 
 
 def build_model(name: str, image_size: int | None = None, with_model: bool = True):
-    """The model ``name`` of scripts/e2e_models.py in PyTorch, from seed 0 on every rank (identical
+    """The model ``name`` of scripts/models/e2e_models.py in PyTorch, from seed 0 on every rank (identical
     weights, no broadcast): its ``ModelSpec`` (module, batches, loss, throughput unit)."""
     return build(name, "torch", image_size=image_size, with_model=with_model)
 

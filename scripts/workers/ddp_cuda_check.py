@@ -1,7 +1,7 @@
 """Every method as a DDP communication hook on CUDA tensors over NCCL: the GPU check of the DDP face
 (scripts/gpu_check.sh runs it; one rank per GPU, so one rank on a machine with one GPU).
 
-    torchrun --standalone --nproc_per_node=NGPUS scripts/ddp_cuda_check.py [--methods exdyna topk]
+    torchrun --standalone --nproc_per_node=NGPUS scripts/workers/ddp_cuda_check.py [--methods exdyna topk]
 
 Per method, a small MLP on synthetic data trains through DistributedDataParallel for ``--steps``
 steps with the hook. Checked on every rank and step: error feedback loses nothing, what each

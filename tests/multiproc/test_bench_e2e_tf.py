@@ -1,5 +1,5 @@
 """bench_e2e's TensorFlow jobs (``--framework tensorflow``): a real 2-rank Horovod job of
-scripts/bench_e2e_tf_worker.py, summarised into the same tables and targets as the PyTorch jobs."""
+scripts/workers/bench_e2e_tf_worker.py, summarised into the same tables and targets as the PyTorch jobs."""
 
 from __future__ import annotations
 

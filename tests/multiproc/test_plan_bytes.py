@@ -17,7 +17,7 @@ pytestmark = pytest.mark.multiproc
 @pytest.mark.timeout(300)
 def test_derived_bytes_are_what_the_torch_face_sends(tmp_path):
     sys.path.insert(0, str(REPO / "scripts"))
-    import e2e_models
+    from models import e2e_models
 
     from hvd_sparse.algorithms import METHODS
     from hvd_sparse.plan import bytes_per_rank, steady_traffic

@@ -7,9 +7,9 @@ from __future__ import annotations
 import statistics
 
 import bench_e2e
-import bench_e2e_worker
 import e2e_phases
 import pytest
+from workers import bench_e2e_worker
 
 
 def test_block_order_puts_every_configuration_first_and_last():
@@ -312,6 +312,6 @@ def test_adam_path_configurations_resolve_in_the_torch_worker_only():
     method, options, kernels = bench_e2e_worker.resolve("dgc+adam")
     assert (method, kernels) == ("dgc", "auto")
     assert options == {"adam_path": True}
-    import bench_e2e_tf_worker
+    from workers import bench_e2e_tf_worker
 
     assert not bench_e2e_tf_worker.known("dgc+adam") and bench_e2e_tf_worker.known("dgc")

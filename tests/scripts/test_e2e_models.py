@@ -1,4 +1,4 @@
-"""The end-to-end benchmarks' model zoo (scripts/e2e_models.py): the standard parameter counts in
+"""The end-to-end benchmarks' model zoo (scripts/models/e2e_models.py): the standard parameter counts in
 both frameworks, forward shapes on tiny inputs, seed-0 determinism, the earlier benchmark models
 unchanged, and the throughput column bench_e2e prints. Small inputs only (ResNet-50 at 224x224 is
 slow on a CPU)."""
@@ -6,9 +6,9 @@ slow on a CPU)."""
 from __future__ import annotations
 
 import bench_e2e
-import e2e_models
 import numpy as np
 import pytest
+from models import e2e_models
 
 # torchvision's resnet18/resnet50 (1000 classes); the GPT: 6 x 512, vocabulary 16384, context 128;
 # the word-level LSTM and the small GPT of the time-to-accuracy studies (hvd_sparse/sim/tasks.py,
@@ -97,7 +97,7 @@ def test_torch_builds_are_seeded():
 
 
 def earlier_models(torch):
-    """mlp7m and cnn as scripts/bench_e2e_worker.py built them before the zoo (seed 0)."""
+    """mlp7m and cnn as scripts/workers/bench_e2e_worker.py built them before the zoo (seed 0)."""
     nn = torch.nn
     torch.manual_seed(0)
     layers = [nn.Linear(1024, 1024), nn.ReLU()]

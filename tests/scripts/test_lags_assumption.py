@@ -1,5 +1,5 @@
-"""scripts/lags_assumption.py: a tiny run writes the per-layer δ of the LAGS assumption check as
-JSON (and a plot where matplotlib is installed)."""
+"""scripts/investigations/lags_assumption.py: a tiny run writes the per-layer δ of the LAGS assumption
+check as JSON (and a plot where matplotlib is installed)."""
 
 from __future__ import annotations
 
@@ -18,8 +18,8 @@ def test_assumption_script_writes_json_and_plot(tmp_path):
     pytest.importorskip("sklearn")
     out, plot = tmp_path / "delta.json", tmp_path / "delta.png"
     result = subprocess.run(
-        [sys.executable, str(REPO / "scripts" / "lags_assumption.py"), "--epochs", "2", "--max-steps", "4",
-         "--workers", "2", "--out", str(out), "--plot", str(plot)],
+        [sys.executable, str(REPO / "scripts" / "investigations" / "lags_assumption.py"), "--epochs", "2",
+         "--max-steps", "4", "--workers", "2", "--out", str(out), "--plot", str(plot)],
         capture_output=True, text=True, timeout=240, check=False, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr[-3000:]
     report = json.loads(out.read_text())

@@ -61,16 +61,17 @@ def reference_averages(make_algorithm, packed: bool) -> list[list[np.ndarray]]:
     sizes = [int(np.prod(s)) for s in SHAPES]
     plan = plan_buckets(algorithm, keys, sizes)
     if packed:
-        plan = pack_tensors(algorithm, plan, dict(zip(keys, sizes, strict=True)), dict.fromkeys(keys, "float32"))
+        plan = pack_tensors(algorithm, plan, dict(zip(keys, sizes, strict=True)),
+                            dict.fromkeys(keys, "float32"))
     out = []
     for step in range(STEPS):
         grads = [dict(zip(keys, gradients(r, step), strict=True)) for r in range(SIZE)]
         averages: dict[str, np.ndarray] = {}
         for bucket, members in plan:
             specs = tuple(tf.TensorSpec(SHAPES[keys.index(m)], tf.float32) for m in members)
-            results = group.run([engines[r].step(bucket, Packed(specs, [tf.constant(grads[r][m]) for m in members]),
-                                                 members=step_members(algorithm, members) if packed else ())
-                                 for r in range(SIZE)])
+            kept = step_members(algorithm, members) if packed else ()
+            inputs = [Packed(specs, [tf.constant(grads[r][m]) for m in members]) for r in range(SIZE)]
+            results = group.run([engines[r].step(bucket, inputs[r], members=kept) for r in range(SIZE)])
             for member, part in zip(members, results[0].parts, strict=True):
                 averages[member] = tf.reshape(part, SHAPES[keys.index(member)]).numpy()
         out.append([averages[k] for k in keys])
