@@ -8,14 +8,16 @@ Keras ``hvd.DistributedOptimizer`` (tf-keras).
 
 from typing import Any
 
-from . import baselines, methods
-from .baselines import DGC, GaussianK, RandomK, Threshold, TopK
+from . import baselines, layerwise, methods, simple_baselines
+from .baselines import DGC, GaussianK, TopK
 from .compressor import SparseCompressor
 from .grouping import with_model_grouping
-from .methods import DEFT, LAGS, ExDyna, MiCRO
+from .layerwise import DEFT, LAGS
+from .methods import ExDyna, MiCRO
+from .simple_baselines import RandomK, Threshold
 
 # One face class per registered method, written by tools/generate_faces.py.
-FACES = {**methods.FACES, **baselines.FACES}
+FACES = {**methods.FACES, **layerwise.FACES, **baselines.FACES, **simple_baselines.FACES}
 
 
 def DistributedGradientTape(tape: Any, compression: Any, **kwargs: Any) -> Any:

@@ -27,11 +27,13 @@ else:
     _HOROVOD_MISSING = None
     _register_elastic_handler()   # hvd.elastic.TorchState(..., compression=compression): torch/elastic.py
     # One face class per registered method, written by tools/generate_faces.py.
-    from . import baselines, methods
-    from .baselines import DGC, GaussianK, RandomK, Threshold, TopK
-    from .methods import DEFT, LAGS, ExDyna, MiCRO
+    from . import baselines, layerwise, methods, simple_baselines
+    from .baselines import DGC, GaussianK, TopK
+    from .layerwise import DEFT, LAGS
+    from .methods import ExDyna, MiCRO
+    from .simple_baselines import RandomK, Threshold
 
-    FACES = {**methods.FACES, **baselines.FACES}
+    FACES = {**methods.FACES, **layerwise.FACES, **baselines.FACES, **simple_baselines.FACES}
 
 _HOROVOD_NAMES = {"SparseCompressor", *(cls.__name__ for cls in METHODS.values())}
 

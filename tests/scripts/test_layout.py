@@ -7,7 +7,8 @@ import re
 from pathlib import Path
 
 SCRIPTS = Path(__file__).resolve().parents[2] / "scripts"
-ROLES = {"workers": "## Workers", "models": "## Models", "investigations": "## Investigations", ".": "## Drivers"}
+ROLES = {"workers": "## Workers", "models": "## Models", "investigations": "## Investigations",
+         ".": "## Drivers"}
 
 
 def sections() -> dict[str, str]:

@@ -1,8 +1,8 @@
 """Functions fit on a screen: none in the package, its kernels or the scripts is much over 50
 lines (ruff's C90 holds complexity at 12; this holds length, which ruff does not measure); and no
 module of the package is over 500 lines; the faces, adapters of the step assembly
-(engine/assembly.py), are at most 250 each (their generated class modules, written by
-tools/generate_faces.py, repeat each class's full docstring and are held to 500)."""
+(engine/assembly.py), are at most 250 each (their generated class modules too:
+tests/unit/test_face_modules.py)."""
 
 from __future__ import annotations
 

@@ -31,7 +31,7 @@ def test_the_committed_face_module_is_what_the_generator_writes(target):
     written = (REPO / target.path).read_text()
     assert written == generate_faces.module_source(target), (
         f"{target.path} is out of date: run python tools/generate_faces.py")
-    assert len(written.splitlines()) <= 500
+    assert len(written.splitlines()) <= 250
 
 
 def test_no_module_makes_public_names_at_run_time():
