@@ -77,6 +77,7 @@ from hvd_sparse.algorithms.corrections import RECOMMENDED
 from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.comm.protocol import ALLGATHER, ALLREDUCE, BROADCAST, NEIGHBOURS
 from hvd_sparse.engine.patterns import ITEMSIZE
+from hvd_sparse.engine.planning import plan_buckets
 from hvd_sparse.sim import simulate
 
 WORLD_SIZE = 4
@@ -798,8 +799,8 @@ def lags_note(groups: dict) -> list[str]:
     for task in sorted({key[0] for key, _ in pairs}):
         named = [(name, p.numel()) for name, p in sim_module.TASKS[task]().model.named_parameters()
                  if p.requires_grad]
-        plan = sim_module.make_algorithm("lags", 0.001, METHODS["lags+corr"].options).plan(
-            [name for name, _ in named], [n for _, n in named])
+        lags = sim_module.make_algorithm("lags", 0.001, METHODS["lags+corr"].options)
+        plan = plan_buckets(lags, [name for name, _ in named], [n for _, n in named])
         groups_of[task] = [members for key, members in plan if key != "dense_below"]
     single = all(len(members) == 1 for plans in groups_of.values() for members in plans)
     listed = "; ".join(f"{task}: " + ", ".join("+".join(members) for members in plans)
