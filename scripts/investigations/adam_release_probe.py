@@ -7,6 +7,14 @@ do not reach dense's quality while TopK and LAGS do (bench/scale/tta).
 
 The task, recipe and density are scripts/time_to_accuracy.py's transformer study (AdamW,
 ρ = 0.01, the Adam path's 100 dense steps). Writes bench/adam-release/probe.{json,md}.
+
+``--residual-decay G`` (a candidate lever, not an option of the package): before each sparse
+step of the Adam path every rank multiplies its residual by G, so an update left behind for s
+steps counts G^s (leaky error feedback, as DeMo's momentum decay drops stale momentum). This
+drops update mass on purpose. Writes bench/adam-release/decay-G.{json,md}.
+
+    OMP_NUM_THREADS=1 python scripts/investigations/adam_release_probe.py --residual-decay 0.9 \
+        --configs exdyna-tracking+adam deft+adam
 """
 
 from __future__ import annotations
@@ -23,6 +31,21 @@ import time_to_accuracy as tta
 
 OUT = tta.REPO / "bench" / "adam-release"
 KEYS = ("step", "loss", "density_actual", "threshold", "perplexity")
+
+
+def decay_residuals(gamma: float) -> None:
+    """Every engine multiplies a bucket's residual by ``gamma`` before each sparse step of the
+    Adam path (``--residual-decay``): the investigation's stand-in for a lever."""
+    from hvd_sparse.engine import core
+
+    accumulate_select = core.Engine._accumulate_select
+
+    def decayed(self, bucket, tensors, method, ctx, clear_inputs):
+        if ctx.momentum is not None and self.algorithm.corrections.adam is not None:
+            bucket.residual.mul_(gamma)
+        return (yield from accumulate_select(self, bucket, tensors, method, ctx, clear_inputs))
+
+    core.Engine._accumulate_select = decayed
 
 
 def probe(name: str, size: int, steps: int) -> dict:
@@ -43,11 +66,11 @@ def probe(name: str, size: int, steps: int) -> dict:
     return {"config": name, "size": size, "rows": rows, "seconds": round(time.perf_counter() - began, 1)}
 
 
-def markdown(runs: list[dict], density: float) -> str:
+def markdown(runs: list[dict], density: float, title: str = "") -> str:
     """One table: per step after the dense ones, each configuration's residual norm, threshold,
     achieved density (target ``density``) and held-out perplexity where evaluated."""
     size = runs[0]["size"]
-    lines = [f"# The Adam path after its dense steps ({size} simulated ranks, ρ = {density:g})", "",
+    lines = [f"# The Adam path after its dense steps ({size} simulated ranks, ρ = {density:g}{title})", "",
              "Per configuration: mean residual norm over ranks / threshold / achieved aggregate density "
              "(distinct entries over the model) / held-out perplexity (every 25 steps).", "",
              "| step | " + " | ".join(run["config"] for run in runs) + " |", "|---|" + "---|" * len(runs)]
@@ -70,15 +93,22 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=160)
     parser.add_argument("--configs", nargs="+",
                         default=["exdyna-tracking+adam", "micro+adam", "deft+adam", "topk+adam"])
+    parser.add_argument("--residual-decay", type=float, metavar="G",
+                        help="multiply each residual by G before each sparse Adam step (a candidate lever)")
     args = parser.parse_args()
     import torch
 
     torch.set_num_threads(1)
+    stem = "probe"
+    if args.residual_decay is not None:
+        decay_residuals(args.residual_decay)
+        stem = f"decay-{args.residual_decay:g}"
     runs = [probe(name, args.size, args.steps) for name in args.configs]
     OUT.mkdir(parents=True, exist_ok=True)
-    (OUT / "probe.json").write_text(json.dumps(runs, indent=1))
-    (OUT / "probe.md").write_text(markdown(runs, tta.GPT.density))
-    print(markdown(runs, tta.GPT.density))
+    title = "" if args.residual_decay is None else f", residual decayed by {args.residual_decay:g} a step"
+    (OUT / f"{stem}.json").write_text(json.dumps(runs, indent=1))
+    (OUT / f"{stem}.md").write_text(markdown(runs, tta.GPT.density, title))
+    print(markdown(runs, tta.GPT.density, title))
 
 
 if __name__ == "__main__":
