@@ -15,5 +15,4 @@ from .protocol import (
 )
 
 __all__ = ["ALLGATHER", "ALLREDUCE", "BROADCAST", "NEIGHBOURS", "Collective", "Phase", "Protocol",
-           "finished", "run_blocking", "run_together",
-           "timed"]
+           "finished", "run_blocking", "run_together", "timed"]

@@ -33,12 +33,6 @@ class ThreadGroup:
         self._issued: dict[tuple[str, int], dict[int, Collective]] = {}
         self._results: dict[tuple[str, int], list] = {}
         self._times: list[dict[str, int]] = [{} for _ in range(size)]
-        self.issued: list[list[tuple[str, str]]] = [[] for _ in range(size)]   # per rank: (op, name)
-
-    @property
-    def backend(self) -> Backend:
-        """The backend the collectives compute with."""
-        return self._local.backend
 
     def comm(self, rank: int) -> ThreadComm:
         """Rank ``rank``'s communication layer."""
@@ -47,7 +41,6 @@ class ThreadGroup:
     def start(self, rank: int, c: Collective) -> tuple[str, int]:
         """Rank ``rank`` issues ``c``; the last rank to issue it computes every result."""
         with self._ready:
-            self.issued[rank].append((c.op, c.name))
             key = (c.name, self._times[rank].get(c.name, 0))
             self._times[rank][c.name] = key[1] + 1
             contributions = self._issued.setdefault(key, {})

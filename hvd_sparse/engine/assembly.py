@@ -43,8 +43,10 @@ class Driver(Starts, Interface):
 
     def finish(self) -> tuple[dict[str, Any], dict[str, Exception]]:
         """Drive every protocol taken since the last call to completion: (results, errors) by
-        bucket. A protocol that raises must not stop the others (an error raised alike on every
-        rank then leaves no collective half issued)."""
+        bucket, where the results may repeat buckets returned before in the step (Horovod's
+        driver returns the step's; ``StepAssembly.finish`` counts each once). A protocol that
+        raises must not stop the others (an error raised alike on every rank then leaves no
+        collective half issued)."""
         ...
 
     def execute(self, phase: Phase) -> list:

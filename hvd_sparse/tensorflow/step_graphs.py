@@ -53,7 +53,9 @@ class StepGraphs:
     def __init__(self, algorithm: Algorithm, engine: Callable[[], Engine],
                  comm: Callable[[], HorovodTFComm], begin_step: Callable[[], None]):
         self.algorithm = algorithm
-        self.assembly = StepAssembly(algorithm, get_backend("tensorflow"), limit=None)
+        # Buckets here are planned per trace (``bucket_graphs``, ``tensor_graphs``); the assembly
+        # starts them, finishes the blocking ones and takes a failed step back.
+        self.assembly = StepAssembly(algorithm, get_backend("tensorflow"))
         self.members: dict[str, tuple[str, ...]] = {}   # bucket -> its gradients' keys, if it packs them
         self._engine, self._comm, self._begin_step = engine, comm, begin_step
         self._inflight: dict[str, Protocol] = {}        # run time: the bucket protocols in flight
@@ -93,7 +95,7 @@ class StepGraphs:
         """Scope "tensor": the outputs of ``grads`` (the stash's from position ``first`` on), their
         steps built as phased graphs. A method that packs per-tensor steps
         (``Algorithm.packs_tensors``) takes the gradients of each dtype in one bucket
-        (``Algorithm.pack`` without a limit), selecting in each as in a bucket of its own: a step's
+        (``planning.pack_tensors`` without a limit), selecting in each as in a bucket of its own: a step's
         cost in the graph and in the engine is per bucket, and a bucket per gradient cost
         ResNet-18 a tenth of its step on loopback (docs/architecture.md#tensorflow-face).
         Gradients under ``dense_below`` (averaged densely) and empty ones keep buckets of their
@@ -101,8 +103,8 @@ class StepGraphs:
         keys = [f"g{p}" for p in range(first, first + len(grads))]
         by_key = dict(zip(keys, grads, strict=True))
         plan = pack_tensors(self.algorithm, [(key, [key]) for key in keys],
-                                   {key: g.shape.num_elements() for key, g in by_key.items()},
-                                   {key: g.dtype.name for key, g in by_key.items()})
+                            {key: g.shape.num_elements() for key, g in by_key.items()},
+                            {key: g.dtype.name for key, g in by_key.items()})
         for bucket, members in plan:
             self.members[bucket] = step_members(self.algorithm, members)
         outputs = self._phased_graphs([(bucket, [by_key[k] for k in members]) for bucket, members in plan])
@@ -131,8 +133,8 @@ class StepGraphs:
         py_function after its last phase), joined by each phase's Horovod graph collectives, which
         Horovod matches by name; each bucket's averaged tensors."""
         schedules = [self._engine().schedule(key, sum(t.shape.num_elements() for t in ts),
-                                           tuple(t.dtype.name for t in ts),
-                                           tuple(t.shape.num_elements() for t in ts))
+                                             tuple(t.dtype.name for t in ts),
+                                             tuple(t.shape.num_elements() for t in ts))
                      for key, ts in buckets]
         specs = [_specs(ts) for _, ts in buckets]
         inputs: list = [list(ts) for _, ts in buckets]

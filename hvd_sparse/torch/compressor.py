@@ -142,7 +142,7 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
         now = time.perf_counter()
         if first:
             self._running().clear()
-            self._step = HorovodStep(began=now, measuring=measuring)
+            self._step = HorovodStep(measuring=measuring)
             self._assembly.begin(now)
         return now
 
@@ -198,19 +198,20 @@ class SparseCompressor(LinksTorchOptimizer, FaceBase, Compressor):
         returned), ``decompress_began`` (the first decompress was entered: Horovod waited for its
         own allreduces before), ``decompress_ended`` (the last decompress so far returned). For
         profilers that read the same clock."""
-        return self._step.marks()
+        return self._step.marks(self._assembly.arrivals.began)
 
     def collective_timeline(self) -> list[dict]:
         """Every collective of this step (the last step's, between steps), in the order issued:
         ``name``, ``op``, ``bytes`` (this rank's input), ``issued`` and ``completed`` (seconds after
         the step's first gradient; ``completed`` None while not seen complete). Polls first."""
-        return [] if self._protocols is None else self._protocols.collective_timeline(self._step.began)
+        began = self._assembly.arrivals.began
+        return [] if self._protocols is None else self._protocols.collective_timeline(began)
 
     def communication_timeline(self) -> dict[str, tuple[float, float | None]]:
         """This step's buckets (the last step's, between steps): (issued, completed) in seconds
         after the step's first gradient, ``completed`` None while not seen complete. Polls the
         collectives in flight first, so it may be called from a backward hook."""
-        return {} if self._protocols is None else self._protocols.timeline(self._step.began)
+        return {} if self._protocols is None else self._protocols.timeline(self._assembly.arrivals.began)
 
     def _sum_over_ranks(self, values: np.ndarray, name: str) -> np.ndarray:
         summed = hvd.allreduce(torch.from_numpy(values), op=hvd.Sum, name=name,

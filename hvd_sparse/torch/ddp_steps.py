@@ -36,13 +36,17 @@ class Arrival:
 
 @dataclass
 class _Step:
-    """What the worker keeps of the step in progress besides its gradients (the assembly's)."""
+    """What the worker keeps of the step in progress besides its gradients (the assembly's), and,
+    once it ended, what ``stats()`` and ``communication_timeline()`` read of it: they run on the
+    worker between DDP buckets, so the next step may have begun in the assembly by then."""
 
+    began: float                      # perf_counter() at the first bucket's hook
     held: list[Arrival] = field(default_factory=list)   # first step: DDP buckets held until the last
     waiting: list[tuple[Arrival, list[str]]] = field(default_factory=list)  # futures not set yet
     error: Exception | None = None
     last_seen: float | None = None    # perf_counter() at the last bucket's hook
     ended: float = 0.0                # seconds from the first bucket's hook to the last future
+    timeline: dict[str, tuple[float, float | None]] = field(default_factory=dict)  # engine buckets
 
 
 class DDPSteps:
@@ -93,7 +97,7 @@ class DDPSteps:
     def _begin(self, seen: float) -> None:
         if self.step is not None:   # an earlier backward stopped half-way: nobody waits for it
             self._fail_waiting(self.step, RuntimeError("hvd_sparse: step abandoned"))
-        self.step = _Step()
+        self.step = _Step(began=seen)
         self.assembly.begin(seen)
         self.comm.wait_seconds = 0.0
 
@@ -168,8 +172,9 @@ class DDPSteps:
         else:
             self._deliver(self.params.kept)   # before the futures: the optimizer steps after them
             self._complete_done(step)
+        step.ended = time.perf_counter() - step.began
+        step.timeline = {**self.assembly.timeline(), "step": (0.0, step.ended)}
         self.last, self.step = step, None
-        step.ended = time.perf_counter() - self.assembly.arrivals.began
 
     def _fail_waiting(self, step: _Step, error: Exception) -> None:
         for arrival, _ in step.waiting:
@@ -181,16 +186,14 @@ class DDPSteps:
 
     def timeline(self) -> dict[str, tuple[float, float | None]]:
         """The last step's engine buckets and ``"step"`` (``SparseHookState.communication_timeline``)."""
-        last = self.last
-        return {} if last is None else {**self.assembly.timeline(), "step": (0.0, last.ended)}
+        return {} if self.last is None else dict(self.last.timeline)
 
     def tail_seconds(self) -> float:
         """How long the last step went on after its last bucket's hook (0 before any step)."""
         last = self.last
         if last is None:
             return 0.0
-        began = self.assembly.arrivals.began
-        return last.ended - (last.last_seen - began) if last.last_seen is not None else last.ended
+        return last.ended - (last.last_seen - last.began) if last.last_seen is not None else last.ended
 
 
 def for_ddp(error: Exception) -> Exception:

@@ -16,7 +16,6 @@ class HorovodStep:
     ``decompress`` (the gradients themselves are the assembly's); the last step's stays until the
     next begins (``communication_timeline`` reads it between steps)."""
 
-    began: float = 0.0                 # perf_counter() at the step's first gradient
     measuring: bool = False            # hooks wait for the device (LAGS's profiling steps, GPU)
     flushed: bool = False              # the first decompress has finished every bucket
     outstanding: int = 0               # compress calls not yet matched by a decompress
@@ -45,7 +44,8 @@ class HorovodStep:
                 "comm_wait_seconds": protocols.wait_seconds, "comm_inflight_seconds": inflight,
                 "comm_hidden_seconds": hidden, "comm_exposed_seconds": inflight - hidden}
 
-    def marks(self) -> dict:
-        """The landmarks of ``step_marks``, as perf_counter() values."""
-        return {"began": self.began, "backward_end": self.backward_end,
+    def marks(self, began: float) -> dict:
+        """The landmarks of ``step_marks``, as perf_counter() values; ``began``: the step's first
+        gradient (the assembly's)."""
+        return {"began": began, "backward_end": self.backward_end,
                 "decompress_began": self.decompress_began, "decompress_ended": self.decompress_ended}

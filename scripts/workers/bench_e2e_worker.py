@@ -49,7 +49,7 @@ CONFIGS: dict[str, tuple[str, dict]] = {
     "dgc": ("dgc", {}),
     "local": ("local", {}),
     # TopK, DGC and Gaussian-k per tensor in a bucket per gradient, as before PyTorch packed their
-    # steps (``Algorithm.pack``): the same decisions at each bucket's own per-step cost.
+    # steps (``planning.pack_tensors``): the same decisions at each bucket's own per-step cost.
     "topk-unpacked": ("topk", {"packs_tensors": False}),
     "dgc-unpacked": ("dgc", {"packs_tensors": False}),
     "gaussiank-unpacked": ("gaussiank", {"packs_tensors": False}),

@@ -137,7 +137,7 @@ PACKING = [lambda: TopK(0.05), lambda: TopK(0.05, momentum=0.9, pattern="union")
 
 @pytest.mark.parametrize("make", PACKING, ids=lambda make: repr(make()))
 def test_packed_steps_decide_as_a_bucket_per_tensor_on_the_gpu(make, device="cuda"):
-    """PyTorch's faces pack every per-tensor method but LAGS (``Algorithm.pack``): on CUDA tensors
+    """PyTorch's faces pack every per-tensor method but LAGS (``planning.pack_tensors``): on CUDA tensors
     the packed bucket's averages and residuals are a bucket per tensor's, bit for bit."""
     b, keys = get_backend("torch"), tuple(f"t{i}" for i in range(len(SHAPES)))
     packed = [Engine(make(), b, r, SIZE) for r in range(SIZE)]

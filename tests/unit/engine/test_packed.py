@@ -219,7 +219,7 @@ def test_a_method_that_cannot_pack_is_refused():
 
 
 def test_pack_runs_packable_tensors_of_a_dtype_up_to_the_limit():
-    """``Algorithm.pack``: runs of one dtype, split at the limit, a larger tensor alone, going on
+    """``planning.pack_tensors``: runs of one dtype, split at the limit, a larger tensor alone, going on
     past the empty tensors and other dtypes, which keep their buckets, and the ``dense_below``
     ones, which close with the run they sit in; the tensors of methods that cannot pack keep
     theirs; without a limit, one bucket per dtype."""

@@ -76,7 +76,7 @@ def test_every_method_has_a_state_class_and_create_builds_it():
 @pytest.mark.parametrize("packed", [True, False])
 def test_per_tensor_topk_applies_the_selection_and_keeps_the_rest_exactly(packed):
     """Per-tensor TopK packs the model's four tensors into one engine bucket spanning several DDP
-    buckets (``Algorithm.pack``), or, unpacked, takes a bucket per parameter: the same selection."""
+    buckets (``planning.pack_tensors``), or, unpacked, takes a bucket per parameter: the same selection."""
     model = make_model()
     state = ddp.TopK(density=0.1, named_parameters=model.named_parameters())
     state.algorithm.packs_tensors = packed
