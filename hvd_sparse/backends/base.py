@@ -33,7 +33,8 @@ class SecondMoment:
     (the residual's dtype and length; updated in place, or replaced by backends whose arrays are
     immutable), its factor beta2, the bias corrections of m and v and the update's bound: the
     update is ``clamp(precondition(u, v, first_scale, second_scale, eps), bound)``
-    (algorithms/corrections.py ``AdamPath``)."""
+    (algorithms/corrections.py ``AdamPath``). ``frozen``: v is shared by the ranks and only read
+    (``second_moment_refresh``): the rank's gradient does not enter it."""
 
     buffer: Array
     factor: float
@@ -41,6 +42,7 @@ class SecondMoment:
     second_scale: float
     eps: float
     bound: float = float("inf")   # each step's update clipped to [-bound, bound] (NaN stays NaN)
+    frozen: bool = False
 
 
 @dataclass
@@ -370,9 +372,15 @@ class Backend:
     def adam_step(self, residual: Array, momentum: Momentum, grad: Array) -> Velocity:
         """``adam_accumulate`` from the gradient as one vector (``grad`` may be overwritten):
         u = u·factor + g·(1 - factor), v = v·beta2 + (g·g)·(1 - beta2) (``momentum.second.buffer``
-        replaced by the new v), then residual + clamp(precondition(u, v), bound): Adam's moments
-        and update as ``adam_update`` rounds them, clamped. Returns (residual, u)."""
+        replaced by the new v; a ``frozen`` v is left as it is), then residual +
+        clamp(precondition(u, v), bound): Adam's moments and update as ``adam_update`` rounds them,
+        clamped. Returns (residual, u)."""
         second = momentum.second
+        if second.frozen:
+            beta1 = momentum.factor
+            u = self.add(self.scale(momentum.buffer, beta1), self.scale(grad, 1.0 - beta1))
+            update = self.precondition(u, second.buffer, second.first_scale, second.second_scale, second.eps)
+            return Velocity(self.add(residual, self.clamp(update, second.bound)), u)
         update, u, second.buffer = self.adam_update(grad, momentum.buffer, second.buffer, momentum.factor,
                                                     second.factor, second.first_scale, second.second_scale,
                                                     second.eps)

@@ -27,10 +27,12 @@ Array = Any  # a framework tensor: numpy.ndarray, torch.Tensor or tf.Tensor
 
 def adam_constants(factor: float, second: Any) -> tuple[float, ...]:
     """The Adam path's accumulation constants as the reference computes them in Python floats, for
-    the kernels to round to the residual's dtype: b1, 1 - b1, b2, 1 - b2, c1, c2, eps and the bound
-    (``factor``: b1; ``second``: the backends' ``SecondMoment``)."""
+    the kernels to round to the residual's dtype: b1, 1 - b1, b2, 1 - b2, c1, c2, eps, the bound,
+    and 1.0 where v is frozen (else 0.0) (``factor``: b1; ``second``: the backends'
+    ``SecondMoment``)."""
     return (float(factor), 1.0 - float(factor), float(second.factor), 1.0 - float(second.factor),
-            float(second.first_scale), float(second.second_scale), float(second.eps), float(second.bound))
+            float(second.first_scale), float(second.second_scale), float(second.eps), float(second.bound),
+            1.0 if getattr(second, "frozen", False) else 0.0)
 
 
 class Selected(NamedTuple):

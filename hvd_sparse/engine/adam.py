@@ -11,20 +11,27 @@ Two phases per bucket, decided by its step counter, which every rank counts alik
   a ``SecondMoment``, which the accumulating backend ops and kernels take). The method selects
   from that as from any accumulated vector; the average of what is sent is the update.
 
+With ``second_moment_refresh`` = K the sparse phase's v is shared: on its first step and every K-th
+after, the raw gradient is also allreduced (``refresh_second_moment``) and every rank refreshes v
+from that average alike; in between v is only read (``SecondMoment.frozen``).
+
 m lives where the momentum correction keeps its velocity (``Bucket.momentum``), v in
 ``Bucket.second_moment``; checkpoints carry both.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import replace
 from typing import Any
 
 import numpy as np
 
-from ..algorithms.corrections import AdamPath
+from ..algorithms.base import StepContext
+from ..algorithms.corrections import AdamPath, Corrections
 from ..backends import Backend, Momentum
 from ..backends.base import SecondMoment
+from ..comm import ALLREDUCE, Collective, Protocol
 from . import patterns
 
 
@@ -33,14 +40,44 @@ def updates_before(step: int) -> int:
     return step + 1
 
 
-def sparse_momentum(backend: Backend, bucket: Any, path: AdamPath) -> Momentum:
-    """The sparse phase's accumulation for ``bucket`` at its step ``bucket.step``: m and v carried
-    on from the rank's own gradient, their bias corrections those of update ``bucket.step + 1``."""
+def sparse_momentum(backend: Backend, bucket: Any, corrections: Corrections) -> Momentum:
+    """The sparse phase's accumulation for ``bucket`` at its step ``bucket.step``: m (and, unless
+    shared, v) carried on from the rank's own gradient, m's bias correction that of update
+    ``bucket.step + 1``, v's that of the steps it stands for."""
+    path = corrections.adam
     _ensure_moments(backend, bucket)
     updates = updates_before(bucket.step)
+    shared = bool(corrections.second_moment_refresh)
+    counted = corrections.second_moment_updates(bucket.step) if shared else updates
     second = SecondMoment(bucket.second_moment, path.beta2, path.first_scale(updates),
-                          path.second_scale(updates), path.eps, path.update_bound)
+                          path.second_scale(counted), path.eps, path.update_bound, frozen=shared)
     return Momentum(bucket.momentum, path.beta1, second=second)
+
+
+def refresh_second_moment(backend: Backend, bucket: Any, tensors: list[Any], ctx: StepContext,
+                          corrections: Corrections, nonfinite: str) -> Protocol:
+    """Protocol: the shared v refreshed from the dense average a of this step's raw gradient, on
+    every rank alike: v <- b2^K·v + (1 - b2^K)·a², one sample standing for the K steps until
+    the next (``second_moment_refresh`` = K). A rank whose gradient is not finite sends zeros
+    (``nonfinite="skip"``) or NaN (``"raise"``: the step raises on every rank anyway); a sum that
+    is not finite, the same on every rank, leaves v as it was. Returns the bytes the allreduce
+    put in (and took out)."""
+    b = backend
+    _ensure_moments(b, bucket)
+    grad = b.accumulate(b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual), tensors)
+    if nonfinite != "ignore" and not b.all_finite(grad):
+        grad = b.scale(grad, math.nan) if nonfinite == "raise" else b.zeros(
+            bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
+    (total,) = yield [Collective(ALLREDUCE, f"{ctx.name}.v", grad)]
+    if b.all_finite(total):
+        if nonfinite == "raise":   # what take_back restores, should another bucket abort the step
+            bucket.adam_before = (None, b.copy(bucket.second_moment))
+        keep = corrections.adam.beta2 ** corrections.second_moment_refresh
+        average = b.scale(total, 1.0 / ctx.size)
+        square = b.multiply(b.copy(average), average)
+        bucket.second_moment = b.add(b.scale(bucket.second_moment, keep), b.scale(square, 1.0 - keep))
+        ctx.momentum.second.buffer = bucket.second_moment   # what this step's accumulation reads
+    return bucket.numel * patterns.ITEMSIZE[b.dtype_name(bucket.residual)]
 
 
 def dense_update(backend: Backend, bucket: Any, out: patterns.Exchanged, path: AdamPath,
@@ -60,9 +97,12 @@ def dense_update(backend: Backend, bucket: Any, out: patterns.Exchanged, path: A
 
 
 def take_back(bucket: Any) -> None:
-    """Undo a dense step's moments (``dense_update`` with ``keep_for_take_back``)."""
+    """Undo a dense step's moments (``dense_update`` with ``keep_for_take_back``), or a refresh's
+    v (``refresh_second_moment``, which keeps no m: the sparse step's m stays with its residual)."""
     if bucket.adam_before is not None:
-        bucket.momentum, bucket.second_moment = bucket.adam_before
+        momentum, bucket.second_moment = bucket.adam_before
+        if momentum is not None:
+            bucket.momentum = momentum
         bucket.adam_before = None
 
 

@@ -42,6 +42,7 @@ class Bucket:
     second_moment: Any = None       # the Adam path's v (engine/adam.py; None: not started)
     adam_before: Any = None         # (m, v) before the last dense Adam step (nonfinite="raise": for
                                     # take_back)
+    refreshed: int | None = None    # bytes of this step's refresh of the shared v (engine/adam.py)
     dense: bool = False             # every tensor under ``dense_below``: always averaged densely
     members: tuple[str, ...] = ()   # the tensors' own keys when it packs per-tensor steps
     times: StepTimes | None = None  # where the current (or last) step's host time went

@@ -98,7 +98,7 @@ class Engine:
     def _step(self, bucket: Bucket, tensors: list[Any], check_layout: bool, times: StepTimes) -> Protocol:
         """Protocol: ``step`` of a known bucket, the steps of the module docstring in order."""
         key = bucket.key
-        bucket.sent = bucket.momentum_unmasked = bucket.adam_before = None
+        bucket.sent = bucket.momentum_unmasked = bucket.adam_before = bucket.refreshed = None
         if check_layout and not self._agreed & {key, "*"} and self.size > 1:
             layout = layout_of(self.backend, key, tensors)
             yield from self.agree_on_config(layout, [key], like=bucket.residual)
@@ -111,6 +111,9 @@ class Engine:
         # The steps of the module docstring:
         yield from method.prepare(control, ctx)                                     # 0
         clipped = self._clip(bucket, tensors, method, ctx)
+        if method is self.algorithm and self.algorithm.corrections.refreshes_at(bucket.step):
+            bucket.refreshed = yield from adam.refresh_second_moment(
+                self.backend, bucket, clipped or tensors, ctx, self.algorithm.corrections, self.nonfinite)
         picked = yield from self._accumulate_select(bucket, clipped or tensors, method, ctx,  # 1, 2
                                                     clipped is None and self.write_into_inputs)
         out = yield from timed(self._exchange(method, control, picked, ctx), times, "exchange")  # 3
@@ -292,12 +295,14 @@ class Engine:
         if method is self.algorithm:
             bucket.control = control
         bucket.step += 1
-        self.totals["bytes_sent_total"] += out.bytes_sent
-        self.totals["bytes_received_total"] += out.bytes_received
+        moved = bucket.refreshed or 0   # the shared second moment's refresh (engine/adam.py)
+        sent, received = out.bytes_sent + moved, out.bytes_received + moved
+        self.totals["bytes_sent_total"] += sent
+        self.totals["bytes_received_total"] += received
         self.totals["dense_bytes_total"] += bucket.numel * patterns.ITEMSIZE[bucket.value_dtype]
         bucket.stats = BucketStats(
             step=bucket.step, numel=bucket.numel, k=target_k, selected=picked.selected,
-            bytes_sent=out.bytes_sent, bytes_received=out.bytes_received,
+            bytes_sent=sent, bytes_received=received,
             times=bucket.times or StepTimes(), backend=self.backend, residual=bucket.residual,
             union_size=out.union_size,
             gathered_indices=None if out.union_size is not None else out.gathered,
@@ -330,7 +335,7 @@ class Engine:
         if corrections.adam is not None:
             if bucket.dense or corrections.dense_at(bucket.step):
                 return None
-            return adam.sparse_momentum(self.backend, bucket, corrections.adam)
+            return adam.sparse_momentum(self.backend, bucket, corrections)
         if corrections.momentum == 0.0:
             return None
         if bucket.momentum is None:
@@ -396,12 +401,11 @@ class Engine:
 
     def agree_on_config(self, layout: Layout, buckets: list[str] | None = None,
                         like: Any = None) -> Protocol:
-        """Protocol: check, once, that every rank runs the same method with the same
-        hyper-parameters and options on the same ``layout`` (name, shape, dtype of each tensor,
-        in order; None where the caller cannot know it yet), raising ``RankMismatchError`` on
-        every rank, naming what differs, otherwise (engine/agreement.py). ``buckets``: the bucket
-        keys the check covers (``step`` then skips its own); None: every bucket, once the layout
-        is known."""
+        """Protocol: check, once, that every rank runs the same method with the same hyper-parameters
+        and options on the same ``layout`` (name, shape, dtype of each tensor, in order; None where
+        the caller cannot know it yet), raising ``RankMismatchError`` on every rank, naming what
+        differs, otherwise (engine/agreement.py). ``buckets``: the bucket keys the check covers
+        (``step`` then skips its own); None: every bucket, once the layout is known."""
         fields = config_fields(self.algorithm.name, self.algorithm.describe(),
                                {"nonfinite": self.nonfinite}, layout)
         name = self.prefix if buckets is None else f"{self.prefix}.{buckets[0]}"
@@ -464,10 +468,9 @@ class Engine:
         return checkpoint.state_of(self)
 
     def load_state_dict(self, state: dict) -> None:
-        """Restore a checkpoint taken by ``state_dict`` on this rank. At another world size, load
-        any rank's file on every rank (e.g. that of rank ``r % old_size``): residuals are reset,
-        the step and control state carry over. Buckets not created yet are restored when they
-        first appear."""
+        """Restore a checkpoint taken by ``state_dict`` on this rank. At another world size, load any
+        rank's file on every rank (e.g. that of rank ``r % old_size``): residuals are reset, the
+        step and control state carry over. Buckets not created yet are restored when they appear."""
         checkpoint.check_loadable(state, self)
         self._restored_size = state["size"]
         self._restored = dict(state["buckets"])

@@ -69,5 +69,5 @@ def test_the_digits_example_learns_under_torchrun():
 def test_ddp_adam_path():
     """Methods on the Adam path as DDP hooks, with hvd_sparse.torch.optim.AdamW (workers/ddp_adam.py)."""
     stdout = assert_ranks_passed(torchrun("ddp_adam.py", 2, timeout=280), 2)
-    for config in ("exdyna", "deft", "lags", "topk", "dgc", "resume"):
+    for config in ("exdyna", "deft", "lags", "topk", "dgc", "exdyna/shared-v", "resume"):
         assert stdout.count(f"CHECKED ddp/{config} ") == 2, config

@@ -19,7 +19,8 @@ pytestmark = pytest.mark.multiproc
 SIZE = 2
 TORCH_CONFIGS = ("exdyna/model/union", "micro/model/union", "deft/model/union", "lags/groups/gather",
                  "topk/tensor/gather", "topk/model/union", "dgc/model/gather", "randomk/model/shared",
-                 "gaussiank/tensor/gather", "threshold/tensor/union")
+                 "gaussiank/tensor/gather", "threshold/tensor/union", "exdyna/model/shared-v",
+                 "lags/groups/shared-v")
 
 
 @pytest.mark.timeout(300)
@@ -31,7 +32,7 @@ def test_torch_adam_path():
 
 
 TF_CONFIGS = ("exdyna/model/union", "deft/model/union", "lags/groups/gather", "topk/model/union",
-              "micro/model/union")
+              "micro/model/union", "exdyna/model/shared-v")
 
 
 @pytest.mark.timeout(420)

@@ -102,10 +102,10 @@ inline void momentum_chunk(R* __restrict r, R* __restrict u, X* __restrict x, in
 // and v of the rank's own gradient run parallel to the residual; element by element in R,
 //   g = 0 + x                        (as momentum_chunk's)
 //   u = u * b1 + g * gain1           (gain1 = 1 - b1, rounded to R by the caller)
-//   v = v * b2 + (g * g) * gain2     (gain2 = 1 - b2)
+//   v = v * b2 + (g * g) * gain2     (gain2 = 1 - b2; Frozen: v shared by the ranks, only read)
 //   r = r + clamp((u * c1) / (sqrt(v * c2) + eps), -bound, bound)   (NaN passes the clamp)
 // each operation rounded to R in that order (adam.cpp's update, clamped).
-template <typename R, typename X>
+template <bool Frozen, typename R, typename X>
 inline void adam_chunk(R* __restrict r, R* __restrict u, R* __restrict v, X* __restrict x, int64_t n,
                        const R* k, bool clear) {
     using C = typename Compute<R, X>::type;
@@ -113,9 +113,12 @@ inline void adam_chunk(R* __restrict r, R* __restrict u, R* __restrict v, X* __r
     for (int64_t i = 0; i < n; ++i) {
         const R g = R(C(0) + C(widen(x[i])));
         const R m = u[i] * b1 + g * gain1;
-        const R w = v[i] * b2 + (g * g) * gain2;
         u[i] = m;
-        v[i] = w;
+        R w = v[i];
+        if (!Frozen) {
+            w = w * b2 + (g * g) * gain2;
+            v[i] = w;
+        }
         R step = (m * c1) / (std::sqrt(w * c2) + eps);
         step = step > bound ? bound : (step < -bound ? -bound : step);
         r[i] = r[i] + step;
@@ -147,9 +150,13 @@ struct AdamAdd {
     R* u = nullptr;
     R* v = nullptr;
     R k[8] = {};   // b1, 1 - b1, b2, 1 - b2, c1, c2, eps, bound
+    bool frozen = false;   // v shared by the ranks: read, never written
     template <typename X>
     void operator()(R* r, X* x, int64_t at, int64_t n, bool clear) const {
-        adam_chunk(r, u + at, v + at, x, n, k, clear);
+        if (frozen)
+            adam_chunk<true>(r, u + at, v + at, x, n, k, clear);
+        else
+            adam_chunk<false>(r, u + at, v + at, x, n, k, clear);
     }
 };
 
@@ -472,7 +479,8 @@ int64_t run_momentum(void* residual, const void* const* inputs, const int* dtype
 
 // run_momentum with the Adam path's accumulation (AdamAdd): one pass reads u, v, the input and the
 // residual and writes u, v and the residual. constants: b1, 1 - b1, b2, 1 - b2, c1, c2, eps, bound
-// (doubles, rounded to R here as the reference rounds the Python floats it multiplies and clamps by).
+// (doubles, rounded to R here as the reference rounds the Python floats it multiplies and clamps by),
+// and 1 where v is frozen (shared by the ranks: read, not written).
 template <typename R, typename I>
 int64_t run_adam(void* residual, const void* const* inputs, const int* dtypes, const int64_t* sizes,
                  int num_inputs, bool clear, void* momentum, void* second, const double* constants,
@@ -486,6 +494,7 @@ int64_t run_adam(void* residual, const void* const* inputs, const int* dtypes, c
     add.u = static_cast<R*>(momentum);
     add.v = static_cast<R*>(second);
     for (int j = 0; j < 8; ++j) add.k[j] = R(constants[j]);
+    add.frozen = constants[8] != 0.0;
     accumulate_all<R>(residual, inputs, dtypes, sizes, num_inputs, clear, s, add);
     for (int p = 0; p < num_probes; ++p) counts[p] = s.counts[p];
     return s.selected;
@@ -582,7 +591,7 @@ int64_t hvd_sparse_momentum_accumulate_select(void* residual, int residual_dtype
 // hvd_sparse_momentum_accumulate_select on the Adam path: the inputs enter Adam's moments momentum
 // (u) and second (v) and the residual gains the clamped update of them (adam_chunk; both
 // residual_dtype, contiguous, as long as the residual, updated in place); constants =
-// {b1, 1 - b1, b2, 1 - b2, c1, c2, eps, bound}. lo == hi: the accumulation alone. Returns the count,
+// {b1, 1 - b1, b2, 1 - b2, c1, c2, eps, bound, frozen}. lo == hi: the accumulation alone. Returns the count,
 // -2 when check != 0 and an input holds NaN/Inf (nothing written), -1 for unsupported arguments.
 int64_t hvd_sparse_adam_accumulate_select(void* residual, int residual_dtype, const void* const* inputs,
                                           const int* dtypes, const int64_t* sizes, int num_inputs, int clear,

@@ -156,8 +156,9 @@ def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tenso
     """``accumulate_select`` on the Adam path, in one pass that reads u and v (Adam's moments,
     ``momentum`` and ``second.buffer``), the gradient and the residual and writes all but the
     gradient: g = concat(tensors) in the residual's dtype, u = factor·u + (1 - factor)·g,
-    v = b2·v + (1 - b2)·g², residual += clamp((u·c1) / (sqrt(v·c2) + eps), bound), rounded as the
-    reference ``Backend.adam_step`` rounds them (``second``: a ``SecondMoment``); u and v contiguous
+    v = b2·v + (1 - b2)·g² (unless ``second.frozen``), residual += clamp((u·c1) / (sqrt(v·c2) +
+    eps), bound), rounded as the reference ``Backend.adam_step`` rounds them (``second``: a
+    ``SecondMoment``); u and v contiguous
     vectors of the residual's dtype and length. With ``check_finite`` the inputs are read first:
     when one holds NaN/Inf nothing is written and the result is not finite. lo == hi: the
     accumulation alone (no indices)."""
@@ -166,7 +167,7 @@ def adam_accumulate_select(residual: torch.Tensor, momentum: torch.Tensor, tenso
             or not all(_parallel(residual, vector) for vector in (momentum, second.buffer))):
         return None
     selection = _Selected(residual.dtype, lo, hi, threshold, probes, every, index_dtype)
-    constants = (ctypes.c_double * 8)(*adam_constants(factor, second))
+    constants = (ctypes.c_double * 9)(*adam_constants(factor, second))
     selected = _accumulating(residual, tensors, clear_inputs, _adam_accumulate_select, momentum.data_ptr(),
                              second.buffer.data_ptr(), constants, int(bool(check_finite)), lo, hi,
                              *selection.arguments())

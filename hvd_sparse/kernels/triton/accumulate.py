@@ -81,7 +81,8 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
                        SELECT: tl.constexpr, NUM_PROBES: tl.constexpr, GATED: tl.constexpr,
                        CLEAR: tl.constexpr, WIDE: tl.constexpr, NAN_KEY: tl.constexpr,
                        BLOCK: tl.constexpr, MOMENTUM: tl.constexpr = False,
-                       NESTEROV: tl.constexpr = False, ADAM: tl.constexpr = False):
+                       NESTEROV: tl.constexpr = False, ADAM: tl.constexpr = False,
+                       FROZEN: tl.constexpr = False):
     # Block b covers [b * BLOCK, (b + 1) * BLOCK) of the residual, whichever tensor it reads: the
     # residual's accesses stay aligned (vector loads), and count j belongs to block range_block + j
     # for every launch (a block on a tensor border is counted by two).
@@ -102,8 +103,9 @@ def _accumulate_kernel(residual_ptr, input_ptr, offset, numel, lo, hi, first_blo
         if ADAM:
             v = tl.load(second_ptr + position, mask=inside, other=0)
             u = u * m + g * _factor(gain_bits, e)
-            v = v * _factor(b2_bits, e) + (g * g) * _factor(g2_bits, e)
-            tl.store(second_ptr + position, v, mask=inside)
+            if not FROZEN:   # a v shared by the ranks is only read
+                v = v * _factor(b2_bits, e) + (g * g) * _factor(g2_bits, e)
+                tl.store(second_ptr + position, v, mask=inside)
             step = _preconditioned(u, v, _factor(c1_bits, e), _factor(c2_bits, e), _factor(eps_bits, e))
             bound = _factor(bound_bits, e)
             step = tl.where(step > bound, bound, tl.where(step < -bound, -bound, step))   # NaN stays
@@ -258,7 +260,8 @@ class _Adam:
 
     def __init__(self, factor: float, second: Any):
         self.second = second.buffer
-        self.constants = adam_constants(factor, second)[1:]   # b1 itself is the momentum's factor
+        self.constants = adam_constants(factor, second)[1:8]   # b1 itself is the momentum's factor
+        self.frozen = bool(second.frozen)
 
     def arguments(self, residual: torch.Tensor) -> tuple:
         """second_ptr, then 1 - b1, b2, 1 - b2, c1, c2, eps and the bound as bits of the residual's
@@ -307,7 +310,7 @@ def _accumulate_into(residual: torch.Tensor, tensors: list[torch.Tensor], clear_
                 CLEAR=clear_inputs and contiguous,
                 WIDE=torch.float64 in (t.dtype, residual.dtype) and t.dtype != residual.dtype,
                 NAN_KEY=nan, BLOCK=block, MOMENTUM=momentum is not None, NESTEROV=bool(nesterov),
-                ADAM=adam is not None,
+                ADAM=adam is not None, FROZEN=adam is not None and adam.frozen,
                 enable_fp_fusion=False)   # u·m + g: two roundings, as the reference's two ops
         if clear_inputs and not contiguous:  # the kernel zeroed a copy: zero the tensor itself
             if skip is None:

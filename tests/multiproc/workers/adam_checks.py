@@ -11,7 +11,10 @@ the step:
   (1-b1)*g, v' = b2*v + (1-b2)*g^2 from this rank's own g, then e + clamp((u'*c1) / (sqrt(v'*c2) +
   eps), bound) -- in the same float32 operations; correction_checks.check_bucket checks the
   applied average, the selection where it can be re-derived and exact error feedback, and u' and
-  v' are the new moments, never masked (``check_adam_bucket``).
+  v' are the new moments, never masked (``check_adam_bucket``);
+* with ``second_moment_refresh`` (a v shared by the ranks), v' is the refresh of v from the
+  average of every rank's raw gradient on a refresh step and v itself between refreshes
+  (``shared_second_moment``), the same on every rank.
 """
 
 from __future__ import annotations
@@ -22,23 +25,42 @@ from correction_checks import check_bucket, check_skipped, selection_for, target
 F = np.float32
 
 
-def accumulated(raw: np.ndarray, old: dict, path, step: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(accumulated vector, new first moment, new second moment) of a sparse step."""
-    update, u, v = moments_update(raw.astype(F), old, path, step)
+def accumulated(raw: np.ndarray, old: dict, path, step: int, shared_v: np.ndarray | None = None,
+                v_updates: int = 0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(accumulated vector, new first moment, new second moment) of a sparse step; with
+    ``shared_v`` that v, standing for ``v_updates`` steps, read and not updated."""
+    update, u, v = moments_update(raw.astype(F), old, path, step, shared_v, v_updates)
     bound = F(path.update_bound)
     return old["residual"] + np.clip(update, -bound, bound), u, v
 
 
-def moments_update(g: np.ndarray, old: dict | None, path, step: int) -> tuple[np.ndarray, ...]:
+def moments_update(g: np.ndarray, old: dict | None, path, step: int, shared_v: np.ndarray | None = None,
+                   v_updates: int = 0) -> tuple[np.ndarray, ...]:
     """(update, m', v') of Adam's moments after ``g`` (the average on a dense step, the rank's own
-    gradient on a sparse one) from the moments before it."""
+    gradient on a sparse one) from the moments before it (``shared_v``: ``accumulated``'s)."""
     m = np.zeros_like(g) if old is None or old.get("momentum") is None else old["momentum"]
     v = np.zeros_like(g) if old is None or old.get("second_moment") is None else old["second_moment"]
-    square = g * g
     m = m * F(path.beta1) + g * F(1 - path.beta1)
-    v = v * F(path.beta2) + square * F(1 - path.beta2)
-    update = (m * F(path.first_scale(step + 1))) / (np.sqrt(v * F(path.second_scale(step + 1))) + F(path.eps))
+    if shared_v is None:
+        v, v_updates = v * F(path.beta2) + (g * g) * F(1 - path.beta2), step + 1
+    else:
+        v = shared_v
+    denominator = np.sqrt(v * F(path.second_scale(v_updates))) + F(path.eps)
+    update = (m * F(path.first_scale(step + 1))) / denominator
     return update, m, v
+
+
+def shared_second_moment(corrections, step: int, g: np.ndarray, old: dict, allgather,
+                         where: str) -> np.ndarray:
+    """The shared v expected after a sparse step: refreshed from the average of every rank's raw
+    gradient (zeros from a rank whose gradient is not finite) on a refresh step, else as before."""
+    if not corrections.refreshes_at(step):
+        return old["second_moment"]
+    sent = g.astype(F) if np.isfinite(g).all() else np.zeros_like(g, dtype=F)
+    rows = allgather(sent, f"test.{where}.refresh")
+    average = rows.sum(axis=0) * F(1.0 / rows.shape[0])
+    keep = corrections.adam.beta2 ** corrections.second_moment_refresh
+    return old["second_moment"] * F(keep) + (average * average) * F(1.0 - keep)
 
 
 def check_dense(rank: int, step: int, path, g: np.ndarray, applied: np.ndarray, old: dict | None, new: dict,
@@ -64,8 +86,16 @@ def check_adam_bucket(rank: int, step: int, algorithm, kind: str | None, g: np.n
     if dense:
         check_dense(rank, step, path, g, applied, old, new, allgather, where)
         return True
+    shared = None
+    if corrections.second_moment_refresh:
+        expected = shared_second_moment(corrections, step, g, old, allgather, where)
+        np.testing.assert_allclose(new["second_moment"], expected, rtol=1e-5, err_msg=f"{where}: shared v")
+        shared = new["second_moment"]
+        rows = allgather(shared, f"test.{where}.v")
+        assert (rows == rows[0]).all(), f"{where}: the shared v differs across ranks"
     if finite:
-        acc, u_ref, v_ref = accumulated(g, old, path, step)
+        acc, u_ref, v_ref = accumulated(g, old, path, step, shared,
+                                        corrections.second_moment_updates(step) if shared is not None else 0)
     else:
         acc, u_ref, v_ref = np.zeros_like(g), None, None
     n = g.size
@@ -76,7 +106,9 @@ def check_adam_bucket(rank: int, step: int, algorithm, kind: str | None, g: np.n
     check_bucket(rank, accs, residuals, finites, applied, algorithm.pattern, False, selections, where)
     if not finite:
         check_skipped(old, new, where)
-        np.testing.assert_array_equal(new["second_moment"], old["second_moment"], err_msg=f"{where}: v kept")
+        if shared is None:
+            np.testing.assert_array_equal(new["second_moment"], old["second_moment"],
+                                          err_msg=f"{where}: v kept")
         return False
     np.testing.assert_array_equal(new["momentum"], u_ref, err_msg=f"{where}: first moment (never masked)")
     np.testing.assert_array_equal(new["second_moment"], v_ref, err_msg=f"{where}: the rank's own v")

@@ -29,6 +29,8 @@ CONFIGS = {
     "lags": ("LAGS", {"merge_threshold": 500}, "topk"),
     "topk": ("TopK", {}, "topk"),
     "dgc": ("DGC", {"scope": "model"}, None),
+    "exdyna/shared-v": ("ExDyna", {"threshold_scaling": "tracking", "dense_below": 30,
+                                   "second_moment_refresh": 2}, None),
 }
 
 

@@ -43,6 +43,8 @@ CONFIGS = {
     "lags/groups/gather": ("LAGS", {"merge_threshold": 500}, "topk"),
     "topk/model/union": ("TopK", {"scope": "model", "pattern": "union"}, "topk"),
     "micro/model/union": ("MiCRO", {}, None),
+    "exdyna/model/shared-v": ("ExDyna", {"threshold_scaling": "tracking", "dense_below": SMALL,
+                                         "second_moment_refresh": 2}, None),
 }
 
 

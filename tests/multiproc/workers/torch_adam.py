@@ -54,6 +54,10 @@ CONFIGS = {
     "randomk/model/shared": ("RandomK", {"scope": "model", "shared_seed": True, "seed": 2}, "shared"),
     "gaussiank/tensor/gather": ("GaussianK", {}, None),
     "threshold/tensor/union": ("Threshold", {"scope": "tensor", "pattern": "union"}, None),
+    # the shared second moment, refreshed on steps 2, 4 and 6
+    "exdyna/model/shared-v": ("ExDyna", {"threshold_scaling": "tracking", "dense_below": SMALL,
+                                         "second_moment_refresh": 2}, None),
+    "lags/groups/shared-v": ("LAGS", {"merge_threshold": 500, "second_moment_refresh": 2}, "topk"),
 }
 
 

@@ -36,27 +36,30 @@ def second_moment(n, dtype, seed):
     return v.to(dtype)
 
 
-def moment(v):
-    """The sparse steps' second moment around ``v`` (updated in place by the ops)."""
-    return SecondMoment(v, B2, C1, C2, EPS, BOUND)
+def moment(v, frozen=False):
+    """The sparse steps' second moment around ``v`` (updated in place by the ops, unless
+    ``frozen``: shared by the ranks, only read)."""
+    return SecondMoment(v, B2, C1, C2, EPS, BOUND, frozen=frozen)
 
 
-def reference_op(residual, u, v, tensors, lo, hi, threshold, probes, every, clear, check):
+def reference_op(residual, u, v, tensors, lo, hi, threshold, probes, every, clear, check, frozen=False):
     """(finite, residual, u, v, idx, counts) of ``Backend.accumulate_select`` on the Adam path,
     kernels off, on copies."""
-    momentum = Momentum(u.clone(), B1, second=moment(v.clone()))
+    momentum = Momentum(u.clone(), B1, second=moment(v.clone(), frozen))
     acc, idx, counts, finite = reference(TB.accumulate_select, residual.clone(), tensors, lo, hi, threshold,
                                          probes, every, "int64", clear, check, momentum)
     return finite, acc, momentum.buffer, momentum.second.buffer, idx, counts
 
 
-def check_op(ops, residual, u, v, inputs, lo, hi, threshold, probes, every, clear, check, index_dtype, where):
+def check_op(ops, residual, u, v, inputs, lo, hi, threshold, probes, every, clear, check, index_dtype, where,
+             frozen=False):
     want_inputs, got_inputs = clones(inputs), clones(inputs)
     finite, acc, velocity, second, idx, counts = reference_op(residual, u, v, want_inputs, lo, hi, threshold,
-                                                              probes, every, clear, check)
+                                                              probes, every, clear, check, frozen)
+    assert not frozen or same(second, v), where
     got_residual, got_u, got_v = residual.clone(), u.clone(), v.clone()
-    done = ops.adam_accumulate_select(got_residual, got_u, got_inputs, B1, moment(got_v), lo, hi, threshold,
-                                      probes, every, index_dtype, clear, check)
+    done = ops.adam_accumulate_select(got_residual, got_u, got_inputs, B1, moment(got_v, frozen), lo, hi,
+                                      threshold, probes, every, index_dtype, clear, check)
     assert done is not None, where
     _, got_idx, got_counts, got_finite = done
     assert got_finite is finite, where
@@ -75,7 +78,8 @@ def check_op(ops, residual, u, v, inputs, lo, hi, threshold, probes, every, clea
 @pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
 @pytest.mark.parametrize("inputs", ["same", "mixed"])
 @pytest.mark.parametrize("check", [False, True], ids=["nocheck", "check"])
-def test_fused_adam_accumulation_matches_the_reference(residual_dtype, inputs, check):
+@pytest.mark.parametrize("frozen", [False, True], ids=["own-v", "shared-v"])
+def test_fused_adam_accumulation_matches_the_reference(residual_dtype, inputs, check, frozen):
     ops = cpu_ops()
     n = 20_000
     v = second_moment(n, residual_dtype, 3)
@@ -94,7 +98,7 @@ def test_fused_adam_accumulation_matches_the_reference(residual_dtype, inputs, c
         for (lo, hi), threshold, probes, every, index_dtype, clear in cases:
             where = f"{name} {residual_dtype} {inputs} [{lo}, {hi}) T={threshold}"
             check_op(ops, residual, u, v, tensors, lo, hi, threshold, probes, every, clear, check,
-                     index_dtype, where)
+                     index_dtype, where, frozen)
 
 
 @needs_kernels
@@ -178,9 +182,11 @@ OPTIONS = {"exdyna": {"threshold_scaling": "tracking"}, "micro": {"threshold_sca
 
 @needs_kernels
 @pytest.mark.parametrize("name", [cls.name for cls in METHODS])
-def test_every_method_on_the_adam_path_is_identical_with_kernels_on_and_off(name):
+@pytest.mark.parametrize("refresh", [0, 2], ids=["own-v", "shared-v"])
+def test_every_method_on_the_adam_path_is_identical_with_kernels_on_and_off(name, refresh):
     cls = next(c for c in METHODS if c.name == name)
-    algorithm = cls(0.01, adam=AdamPath(), dense_steps=3, **OPTIONS.get(name, {}))
+    algorithm = cls(0.01, adam=AdamPath(), dense_steps=3, second_moment_refresh=refresh,
+                    **OPTIONS.get(name, {}))
     grads = gradients(9, [300_000, 2_000, 777], [torch.float32, torch.float16, torch.float32])
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)   # the non-finite step warns

@@ -423,18 +423,19 @@ def test_momentum_at_default_block_size(monkeypatch):
 
 
 # --- the Adam path in the accumulating pass, and its dense update --------------------------------------
-def adam_moment(v):
-    """The sparse steps' second moment around ``v`` (updated in place by the ops)."""
+def adam_moment(v, frozen=False):
+    """The sparse steps' second moment around ``v`` (updated in place by the ops, unless
+    ``frozen``: shared by the ranks, only read)."""
     from hvd_sparse.backends.base import SecondMoment
-    return SecondMoment(v, 0.999, 1.25, 3.0, 1e-8, 300.0)
+    return SecondMoment(v, 0.999, 1.25, 3.0, 1e-8, 300.0, frozen=frozen)
 
 
 def reference_adam_select(residual, velocity, second, tensors, lo, hi, threshold, probes, every, index_dtype,
-                          clear_inputs, check_finite):
+                          clear_inputs, check_finite, frozen=False):
     """(finite, a, u, v, idx, counts, inputs) of the reference accumulate_select on the Adam path
     (copies)."""
     from hvd_sparse.backends.base import Momentum
-    momentum = Momentum(velocity.clone(), 0.9, second=adam_moment(second.clone()))
+    momentum = Momentum(velocity.clone(), 0.9, second=adam_moment(second.clone(), frozen))
     inputs = clones(tensors)
     a, idx, _, finite = REF.accumulate_select(residual.clone(), inputs, lo, hi, threshold, [], 1, "int64",
                                               clear_inputs, check_finite, momentum)
@@ -454,9 +455,10 @@ def second_moment_for(residual, seed):
 
 @pytest.mark.parametrize("kind, span, check_finite", MOMENTUM_CASES)
 @pytest.mark.parametrize("residual_dtype", [torch.float32, torch.float64])
-def test_adam_accumulate_select(kind, span, check_finite, residual_dtype):
+@pytest.mark.parametrize("frozen", [False, True], ids=["own-v", "shared-v"])
+def test_adam_accumulate_select(kind, span, check_finite, residual_dtype, frozen):
     """The residual, Adam's moments u and v, the indices, the probe counts and the inputs bit for
-    bit; nothing written when an input is not finite and the check is on."""
+    bit; nothing written when an input is not finite and the check is on; a frozen v unwritten."""
     tensors = bucket(kind, 60)
     residual = residual_for(tensors, residual_dtype, 61)
     velocity = residual_for(tensors, residual_dtype, 62)
@@ -471,11 +473,13 @@ def test_adam_accumulate_select(kind, span, check_finite, residual_dtype):
     probes = [threshold / 2, threshold * 2]
     finite, expected, expected_u, expected_v, expected_idx, expected_counts, expected_inputs = (
         reference_adam_select(residual, velocity, second, tensors, lo, hi, threshold, probes, 1, index_dtype,
-                              clear_inputs, check_finite))
+                              clear_inputs, check_finite, frozen))
+    if frozen:
+        assert same_bits(expected_v, second)
     inputs = clones(tensors)
     got_u, got_v = velocity.clone(), second.clone()
     _, idx, counts, got_finite = kt.adam_accumulate_select(
-        residual, got_u, inputs, 0.9, adam_moment(got_v), lo, hi, threshold, probes, 1, index_dtype,
+        residual, got_u, inputs, 0.9, adam_moment(got_v, frozen), lo, hi, threshold, probes, 1, index_dtype,
         clear_inputs, check_finite)
     assert got_finite is finite is (not check_finite or kind != "nonfinite")
     assert same_bits(residual, expected) and same_bits(got_u, expected_u) and same_bits(got_v, expected_v)
