@@ -7,7 +7,10 @@ ranks for 2000 steps, every run with the same seeds and data; only the exchange 
 * ``dense``: the plain average, torch's AdamW on it;
 * ``<method>``: the method as users run it today, torch's AdamW on its sparse average;
 * ``<method>+adam``: the method on the Adam path (docs/methods.md#adam-and-adamw; 100 dense steps,
-  then error feedback on each rank's update with the second moment frozen).
+  then error feedback on each rank's own Adam update);
+* ``<method>+adam-shared-v`` (``--shared-v``): the same with the second moment shared by the
+  ranks, refreshed from a dense average of the gradient every 20 sparse steps
+  (``second_moment_refresh``), whose bytes count.
 
 Methods: the seed methods (ExDyna with the tracking threshold, MiCRO, DEFT, LAGS) and TopK and
 DGC beside them, at ρ = 0.01 and 0.001. What a run reports: the held-out perplexity (16 k
@@ -24,6 +27,7 @@ moonshots: within 5% of dense's held-out perplexity at ρ = 0.01 and 15% at ρ =
     OMP_NUM_THREADS=1 python scripts/adam_quality.py --jobs 2            # about 1.5 hours here
     OMP_NUM_THREADS=1 python scripts/adam_quality.py --quick             # a few minutes
     OMP_NUM_THREADS=1 python scripts/adam_quality.py --long --jobs 2     # 10,000 steps at ρ = 0.001
+    OMP_NUM_THREADS=1 python scripts/adam_quality.py --resume --shared-v --densities 0.01 --jobs 2
 
 Writes bench/adam-quality.{json,md,png} (``--long``: bench/adam-quality-10k/; ``--quick``:
 bench/quick/). ``--resume`` keeps the runs already in the JSON.
@@ -43,6 +47,7 @@ import numpy as np
 import torch
 from convergence import exchange_figures, simulate_counted
 from results import machine_info, output_dir, pyplot, save
+from time_to_accuracy import SHARED_V, SHARED_V_EVERY
 
 SEED_METHODS = ("exdyna-tracking", "micro", "deft", "lags")
 PEERS = ("topk", "dgc")
@@ -74,6 +79,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--steps", type=int, default=None)
     parser.add_argument("--jobs", type=int, default=1, help="runs at once (one core each)")
     parser.add_argument("--resume", action="store_true", help="keep the runs already in the JSON")
+    parser.add_argument("--shared-v", action="store_true",
+                        help=f"also the path with a shared second moment (refreshed every {SHARED_V_EVERY})")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.quick and args.long:
@@ -83,7 +90,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.evaluate_every = mode.get("evaluate_every", RECIPE["evaluate_every"])
     args.methods = args.methods or list(mode.get("methods", SEED_METHODS + PEERS))
     args.densities = args.densities or list(mode.get("densities", DENSITIES))
-    args.variants = mode.get("variants", ("plain", "adam"))
+    args.variants = (*mode.get("variants", ("plain", "adam")), *(("adam-shared-v",) if args.shared_v else ()))
     if args.out_dir is None and args.long:
         args.out_dir = Path("bench/adam-quality-10k")
     return args
@@ -93,22 +100,27 @@ def run_key(name: str, density: float) -> str:
     return f"{name}/{density:g}"
 
 
-def jobs_of(args: argparse.Namespace) -> list[tuple[str, str, float, bool]]:
-    """(key, method name, density, on the path) of every run of the matrix; dense once."""
-    jobs = [(run_key("dense", 1.0), "dense", 1.0, False)]
+LABELS = {"plain": "", "adam": "+adam", "adam-shared-v": SHARED_V}   # variant -> suffix of its runs
+
+
+def jobs_of(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
+    """(key, method name, density, variant) of every run of the matrix; dense once."""
+    jobs = [(run_key("dense", 1.0), "dense", 1.0, "plain")]
     for density in args.densities:
         for name in args.methods:
             for variant in args.variants:
-                label = name if variant == "plain" else f"{name}+adam"
-                jobs.append((run_key(label, density), name, density, variant == "adam"))
+                jobs.append((run_key(name + LABELS[variant], density), name, density, variant))
     return jobs
 
 
-def run_one(job: tuple[str, str, float, bool], steps: int, evaluate_every: int) -> tuple[str, dict]:
+def run_one(job: tuple[str, str, float, str], steps: int, evaluate_every: int) -> tuple[str, dict]:
     """One run of the matrix in this process (one torch thread): what the report keeps of it."""
     torch.set_num_threads(1)
-    key, name, density, adam = job
+    key, name, density, variant = job
     method, options = ("dense", {}) if name == "dense" else METHODS[name]
+    if variant == "adam-shared-v":
+        options = {**options, "second_moment_refresh": SHARED_V_EVERY}
+    adam = variant != "plain"
     started = time.perf_counter()
     records = simulate_counted(
         method, WORLD_SIZE, steps, density=density, task=RECIPE["task"], options=options,
@@ -134,8 +146,11 @@ def condense(records: list[dict], name: str, density: float, adam: bool, seconds
 
 def run_all(args: argparse.Namespace, out_json: Path) -> dict:
     report = json.loads(out_json.read_text()) if args.resume and out_json.exists() else {"runs": {}}
+    kept = report.get("config", {})   # --resume: the saved runs' methods and densities stay reported
+    methods = list(dict.fromkeys([*kept.get("methods", {}), *args.methods]))
+    densities = sorted({*kept.get("densities", []), *args.densities}, reverse=True)
     report["config"] = {"recipe": RECIPE, "world_size": WORLD_SIZE, "steps": args.steps,
-                        "methods": {m: METHODS[m] for m in args.methods}, "densities": args.densities,
+                        "methods": {m: METHODS[m] for m in methods}, "densities": densities,
                         "python": platform.python_version(), "torch": torch.__version__,
                         "machine": machine_info()}
     pending = [job for job in jobs_of(args)
@@ -165,15 +180,16 @@ def gap_closed(plain: float, path: float, dense: float) -> float:
     return (plain - path) / gap if gap > 0 else math.nan
 
 
-def rows(report: dict) -> list[dict]:
-    """One row per (density, method): plain, path, dense, the gap closed and the bytes."""
+def rows(report: dict, suffix: str = "+adam") -> list[dict]:
+    """One row per (density, method): plain, path (the runs named with ``suffix``), dense, the gap
+    closed and the bytes."""
     runs, out = report["runs"], []
     dense = runs.get(run_key("dense", 1.0))
     if dense is None:
         return out
     for density in report["config"]["densities"]:
         for name in report["config"]["methods"]:
-            plain, path = runs.get(run_key(name, density)), runs.get(run_key(f"{name}+adam", density))
+            plain, path = runs.get(run_key(name, density)), runs.get(run_key(name + suffix, density))
             if path is None:
                 continue
             row = {"density": density, "method": name, "path": path, "plain": plain, "dense": dense,
@@ -242,17 +258,16 @@ def markdown(report: dict, figure: str | None) -> str:
         wire = run.get("wire_sent", math.nan) / dense.get("wire_sent", math.nan) if dense else math.nan
         out.append(f"| {key.split('/')[0]} | {run['density']:g} | {run['perplexity']:.2f} | "
                    f"{run['heldout_loss']:.3f} | {run['train_loss']:.3f} | {share:.2%} | {wire:.2%} |")
-    out += ["", "The gap each seed method's Adam path closes (held-out loss; in brackets, training loss), "
-            "with the path's bytes:", "",
-            "| method | ρ | plain | +adam | dense | gap closed | bytes | perplexity / dense |",
-            "|---|---|---|---|---|---|---|---|"]
-    for row in rows(report):
-        plain = row["plain"]
-        out.append(f"| {row['method']} | {row['density']:g} | "
-                   f"{plain['perplexity'] if plain else math.nan:.2f} | {row['path']['perplexity']:.2f} | "
-                   f"{row['dense']['perplexity']:.2f} | {row.get('closed', math.nan):.0%} "
-                   f"({row.get('closed_train', math.nan):.0%}) | {row['bytes']:.1%} | "
-                   f"{row['ppl_ratio']:.3f} |")
+    for suffix in ("+adam", SHARED_V):
+        table = rows(report, suffix)
+        if not table:
+            continue
+        what = "" if suffix == "+adam" else f" with a shared second moment (refreshed every {SHARED_V_EVERY})"
+        out += ["", f"The gap each seed method's Adam path{what} closes (held-out loss; in brackets, "
+                "training loss), with the path's bytes:", "",
+                f"| method | ρ | plain | {suffix} | dense | gap closed | bytes | perplexity / dense |",
+                "|---|---|---|---|---|---|---|---|"]
+        out += [gap_line(row) for row in table]
     out += ["", "Targets: at least half the gap closed with at most 20% of dense's bytes (required, seed "
             "methods); held-out perplexity within 5% of dense at ρ = 0.01, 15% at ρ = 0.001 (moonshot).", "",
             "| method | ρ | gap closed | bytes | required | moonshot |", "|---|---|---|---|---|---|",
@@ -260,6 +275,14 @@ def markdown(report: dict, figure: str | None) -> str:
     if figure:
         out += ["", f"![held-out perplexity over training]({Path(figure).name})"]
     return "\n".join(out) + "\n"
+
+
+def gap_line(row: dict) -> str:
+    plain = row["plain"]
+    return (f"| {row['method']} | {row['density']:g} | {plain['perplexity'] if plain else math.nan:.2f} | "
+            f"{row['path']['perplexity']:.2f} | {row['dense']['perplexity']:.2f} | "
+            f"{row.get('closed', math.nan):.0%} ({row.get('closed_train', math.nan):.0%}) | "
+            f"{row['bytes']:.1%} | {row['ppl_ratio']:.3f} |")
 
 
 def plot(report: dict, path: Path) -> str | None:
@@ -273,7 +296,7 @@ def plot(report: dict, path: Path) -> str | None:
         if dense:
             axis.plot(*zip(*dense["curve"], strict=True), color="black", label="dense")
         for name in report["config"]["methods"]:
-            for suffix, style in (("", ":"), ("+adam", "-")):
+            for suffix, style in (("", ":"), ("+adam", "-"), (SHARED_V, "--")):
                 run = report["runs"].get(run_key(name + suffix, density))
                 if run:
                     axis.plot(*zip(*run["curve"], strict=True), style, label=name + suffix)

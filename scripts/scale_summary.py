@@ -20,6 +20,7 @@ import statistics
 from pathlib import Path
 
 import scale
+import time_to_accuracy as tta
 
 OUT = Path(__file__).resolve().parent.parent / "bench" / "scale"
 HEADLINE = ("gpu", "10gbit")          # the issue's question: N >= 16, GPU profile, 10 Gbit/s
@@ -71,26 +72,37 @@ def headline_lines(table: dict) -> list[str]:
     return [*lines, ""]
 
 
+def tta_variant(config: str) -> tuple[str, str]:
+    """(method, which second moment) of a scale_tta configuration: "shared v" for the path with
+    ``second_moment_refresh``, "own v" for the path's default (and dense)."""
+    if config.endswith(tta.SHARED_V):
+        return config.removesuffix(tta.SHARED_V) + tta.ADAM_PATH, "shared v"
+    return config, "own v"
+
+
 def tta_lines(tta_rows: list[dict]) -> list[str]:
-    """Steps to the target (simulated) and the projected time on the headline profile and rate."""
+    """Steps to the target (simulated) and the projected time on the headline profile and rate,
+    a row per method, a column pair per world size and second moment."""
     profile, rate = HEADLINE
     mine = [r for r in tta_rows if (r["profile"], r["rate"]) == (profile, rate)]
-    worlds = sorted({r["world"] for r in mine})
-    if not worlds:
+    columns = list(dict.fromkeys((r["world"], tta_variant(r["config"])[1]) for r in mine))
+    columns.sort(key=lambda c: (c[0], c[1] != "own v"))
+    if not columns:
         return ["_No time-to-accuracy curves saved._", ""]
-    lines = ["| configuration | " + " | ".join(f"N = {w}: steps | N = {w}: seconds (speedup)"
-                                               for w in worlds) + " |", "|---|" + "---|---|" * len(worlds)]
-    for config in dict.fromkeys(r["config"] for r in mine):
+    lines = ["| configuration | " + " | ".join(f"N = {w}, {v}: steps | seconds (speedup)" for w, v in columns)
+             + " |", "|---|" + "---|---|" * len(columns)]
+    for method in dict.fromkeys(tta_variant(r["config"])[0] for r in mine):
         cells = []
-        for world in worlds:
-            row = next((r for r in mine if r["config"] == config and r["world"] == world), None)
+        for world, variant in columns:
+            row = next((r for r in mine
+                        if r["world"] == world and tta_variant(r["config"]) == (method, variant)), None)
             if row is None:
-                cells += ["not run", "-"]
+                cells += ["not run" if method != "dense" else "-", "-"]
             elif row["steps"] is None:
                 cells += [f"not reached (best {row['best']:.2f})", "-"]
             else:
                 cells += [str(row["steps"]), f"{row['seconds']:.1f} ({row['speedup']:.2f}x)"]
-        lines.append(f"| {config} | " + " | ".join(cells) + " |")
+        lines.append(f"| {method} | " + " | ".join(cells) + " |")
     return [*lines, ""]
 
 
@@ -134,7 +146,7 @@ def claim_line(table: dict) -> str:
             "1 Gbit/s Ethernet. The model's LAGS over dense at N = 16, 1gbit: " + ", ".join(figures) + ".")
 
 
-def summary(scale: dict, tta: dict, probe: list[dict] | None = None) -> str:
+def summary(scale: dict, tta_report: dict, probe: list[dict] | None = None) -> str:
     """The fragment BENCHMARKS.md shows; ``scale`` and ``tta`` as the two scripts saved them."""
     profile, rate = HEADLINE
     return "\n".join([
@@ -152,7 +164,9 @@ def summary(scale: dict, tta: dict, probe: list[dict] | None = None) -> str:
         f"## ... and time to accuracy ({profile} profile, {rate}; steps simulated, seconds projected)", "",
         "The transformer task under AdamW, every method on the Adam path, ρ = 0.01, per-rank batch held "
         "fixed; target: dense's held-out perplexity + 2% (bench/scale/tta/scale-tta.md has every "
-        "profile and rate)." + probe_sentence(probe or []), "", *tta_lines(tta.get("rows", [])),
+        "profile and rate). Own v: each rank's own second moment (the path's default); shared v: "
+        f"`second_moment_refresh={tta.SHARED_V_EVERY}` (docs/methods.md#adam-and-adamw), its dense "
+        "allreduces priced in." + probe_sentence(probe or []), "", *tta_lines(tta_report.get("rows", [])),
         "## Where ExDyna starts to win (projection)", "",
         "The smallest N from which ExDyna's step is shorter than TopK's / DGC's / dense's at every "
         "larger N up to 1024; - : at none.", "", *crossover_lines(scale["crossovers"]),
@@ -164,10 +178,10 @@ def summary(scale: dict, tta: dict, probe: list[dict] | None = None) -> str:
 def main() -> None:
     scale = json.loads((OUT / "scale.json").read_text())
     tta_path = OUT / "tta" / "tta.json"
-    tta = json.loads(tta_path.read_text()) if tta_path.exists() else {}
+    tta_report = json.loads(tta_path.read_text()) if tta_path.exists() else {}
     probe_path = OUT.parent / "adam-release" / "probe.json"
     probe = json.loads(probe_path.read_text()) if probe_path.exists() else []
-    text = summary(scale, tta, probe)
+    text = summary(scale, tta_report, probe)
     (OUT / "summary.md").write_text(text)
     print(text)
 

@@ -10,6 +10,9 @@ there or for ``--budget`` times dense's steps. Time to target = the path's 100 d
 dense's projected step + the rest at the method's, per profile and rate; speedup over dense.
 
     OMP_NUM_THREADS=1 python scripts/scale_tta.py --curves --sizes 16      # ~70 min here
+    OMP_NUM_THREADS=1 python scripts/scale_tta.py --curves --configs dense topk+adam-shared-v &
+    OMP_NUM_THREADS=1 python scripts/scale_tta.py --curves --configs dense lags+adam-shared-v
+                                                     # two processes fill one report
     OMP_NUM_THREADS=1 python scripts/scale_tta.py --curves --sizes 64 --configs dense topk+adam
     python scripts/scale_tta.py                                           # the report from saved curves
 
@@ -27,8 +30,9 @@ import time_to_accuracy as tta
 from results import pyplot, save
 
 OUT = scale.OUT / "tta"
-CONFIGS = ("dense", "exdyna-tracking+adam", "micro+adam", "deft+adam", "lags+adam", "topk+adam",
-           "dgc+adam")
+PATH_METHODS = ("exdyna-tracking", "micro", "deft", "lags", "topk", "dgc")
+CONFIGS = ("dense", *(f"{m}{tta.ADAM_PATH}" for m in PATH_METHODS),
+           *(f"{m}{tta.SHARED_V}" for m in PATH_METHODS))
 MODEL = "word-gpt"
 
 
@@ -64,7 +68,9 @@ def times_to_target(report: dict, study: tta.Setup, profiles: dict, rates: list[
                 row = {"config": name, "world": int(world), "profile": profile.name, "rate": rate,
                        "steps": steps, "best": min(v for _, v in run["curve"])}
                 if steps is not None:
-                    method = projected[name.removesuffix(tta.ADAM_PATH)]["step"]
+                    method = projected[tta.adam_variant(name)[0]]["step"]
+                    if name.endswith(tta.SHARED_V):   # the refresh: a dense allreduce every K steps
+                        method += projected["dense"]["comm"] / tta.SHARED_V_EVERY
                     warm = min(study.warmup_steps(name), steps)
                     row["seconds"] = warm * projected["dense"]["step"] + (steps - warm) * method
                 rows.append(row)
@@ -147,7 +153,9 @@ def main() -> None:
     path = OUT / "tta.json"
     report = json.loads(path.read_text()) if path.exists() else {"curves": {}}
 
-    def save() -> None:
+    def save() -> None:   # merged with the file's curves: several processes may fill one report
+        if path.exists():
+            report["curves"] = {**json.loads(path.read_text())["curves"], **report["curves"]}
         path.write_text(json.dumps(report, indent=1))
 
     if args.curves:

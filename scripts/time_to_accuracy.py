@@ -96,7 +96,7 @@ class Setup:
     def warmup_steps(self, name: str) -> int:
         """Steps of a configuration's warm-up or dense steps (denser than ρ): charged at dense's
         step time."""
-        if name.endswith(ADAM_PATH):
+        if adam_variant(name)[1] is not None:
             return int(self.training(name)[1].get("dense_steps", ADAM_DENSE_STEPS))
         return int(self.training(name)[1].get("warmup_steps", 0)) if name != "fp16" else 0
 
@@ -117,13 +117,27 @@ def adamw_training(setup: Setup, name: str) -> tuple[str, dict, float, dict]:
     AdamW on the sparse average) or on the Adam path (``+adam``)."""
     from adam_quality import METHODS
 
-    base = name.removesuffix(ADAM_PATH)
+    base, path = adam_variant(name)
     method, options = ("dense", {}) if base in ("dense", "fp16") else METHODS[base]
     recipe = {key: setup.recipe[key] for key in ("lr", "batch_size", "optimizer", "weight_decay")}
-    return method, dict(options), setup.density, {**recipe, "adam_path": name.endswith(ADAM_PATH)}
+    return method, {**options, **(path or {})}, setup.density, {**recipe, "adam_path": path is not None}
 
 
 ADAM_PATH = "+adam"
+# The Adam path with the shared second moment (docs/methods.md#adam-and-adamw), refreshed every
+# SHARED_V_EVERY sparse steps: 5% of dense's bytes on top of the path's.
+SHARED_V = "+adam-shared-v"
+SHARED_V_EVERY = 20
+
+
+def adam_variant(name: str) -> tuple[str, dict | None]:
+    """(the method of configuration ``name``, its Adam path's own options, or None when it is not
+    on the path)."""
+    if name.endswith(SHARED_V):
+        return name.removesuffix(SHARED_V), {"second_moment_refresh": SHARED_V_EVERY}
+    if name.endswith(ADAM_PATH):
+        return name.removesuffix(ADAM_PATH), {}
+    return name, None
 OUT_DIR = REPO / "bench" / "time-to-accuracy"
 # The word-level LSTM with SGD (hvd_sparse/sim/words.py's recipe: momentum 0.9 at a constant
 # learning rate of 4, the averaged gradient's norm clipped to 1, 16 windows of 32 tokens per

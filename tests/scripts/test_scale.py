@@ -83,14 +83,17 @@ def test_the_summary_answers_the_issue_from_saved_reports():
     tta = {"rows": [{"config": "dense", "world": 16, "profile": "gpu", "rate": "10gbit", "steps": 400,
                      "best": 3.0, "seconds": 8.0, "speedup": 1.0},
                     {"config": "exdyna-tracking+adam", "world": 16, "profile": "gpu", "rate": "10gbit",
-                     "steps": None, "best": 4.0}]}
+                     "steps": None, "best": 4.0},
+                    {"config": "exdyna-tracking+adam-shared-v", "world": 16, "profile": "gpu", "rate": "10gbit",
+                     "steps": 500, "best": 2.9, "seconds": 9.0, "speedup": 0.89}]}
     text = scale_summary.summary({"profiles": {"gpu": "assumed"}, "density": 0.001, "validation": validation,
                                   "table": table, "crossovers": crossing}, tta)
     assert "median |error| 25%, largest 40%" in text and "NOT met" in text   # one pair beyond 30%
     assert "| dense | 100.0 / 110.0 (+10%) | 100.0 / 60.0 (-40%) |" in text
     assert "| m | 16 | 1000.0 | 100.0 | 200.0 | 400.0 | 2.00x | 4.00x |" in text
     assert "| m | 2 |" not in text                      # the question is N >= 16
-    assert "| exdyna-tracking+adam | not reached (best 4.00) | - |" in text
-    assert "| dense | 400 | 8.0 (1.00x) |" in text
+    assert "| configuration | N = 16, own v: steps | seconds (speedup) | N = 16, shared v: steps |" in text
+    assert "| exdyna-tracking+adam | not reached (best 4.00) | - | 500 | 9.0 (0.89x) |" in text
+    assert "| dense | 400 | 8.0 (1.00x) | - | - |" in text
     assert "| m | 2 / - / 16 |" in text
     assert "m gpu 4.00x" in text                        # LAGS over dense at N = 16, 1gbit
