@@ -202,40 +202,28 @@ def rows(report: dict, suffix: str = "+adam") -> list[dict]:
     return out
 
 
-def verdicts(report: dict) -> list[str]:
-    """The targets, each met or not, as measured."""
-    lines = []
-    for row in rows(report):
-        seed = row["method"] in SEED_METHODS
-        closed = row.get("closed", math.nan)
-        met = (closed >= GAP_SHARE) and row["bytes"] <= BYTES_SHARE
-        moon = row["ppl_ratio"] <= 1 + MOONSHOT.get(row["density"], LONG_MOONSHOT)
-        lines.append(f"| {row['method']} | {row['density']:g} | {closed:.0%} | {row['bytes']:.1%} | "
-                     f"{'**met**' if met else 'not met'}{'' if seed else ' (beside)'} | "
-                     f"{row['ppl_ratio']:.3f}x: {'met' if moon else 'not met'} |")
-    return lines
-
-
 def targets(report: dict) -> list[dict]:
     """The issue's targets as scripts/report.py collects them: met or not, with the figures."""
     out = []
-    for row in rows(report):
-        if row["method"] not in SEED_METHODS or row["plain"] is None:
-            continue
-        density, closed, share = row["density"], row.get("closed", math.nan), row["bytes"]
-        figure = (f"{closed:.0%} of the gap closed: held-out loss {row['plain']['heldout_loss']:.3f} plain, "
-                  f"{row['path']['heldout_loss']:.3f} on the path, {row['dense']['heldout_loss']:.3f} dense; "
-                  f"{share:.1%} of dense's bytes")
-        out.append({"target": f"{row['method']} on the Adam path closes at least half of its plain gap to "
-                              f"dense AdamW at ρ = {density:g} with at most {BYTES_SHARE:.0%} of dense's "
-                              f"bytes (transformer task, {WORLD_SIZE} ranks, "
-                              f"{report['config']['steps']} steps)",
-                    "met": bool(closed >= GAP_SHARE and share <= BYTES_SHARE),
-                    "figure": figure})
-        moon = MOONSHOT.get(density, LONG_MOONSHOT)
-        out.append({"target": f"moonshot: {row['method']} on the Adam path within {moon:.0%} of dense "
-                              f"AdamW's held-out perplexity at ρ = {density:g}",
-                    "met": bool(row["ppl_ratio"] <= 1 + moon), "figure": f"{row['ppl_ratio']:.3f}x dense"})
+    for suffix, path in (("+adam", "the Adam path"), (SHARED_V, "the Adam path with a shared second moment")):
+        for row in rows(report, suffix):
+            if row["method"] not in SEED_METHODS or row["plain"] is None:
+                continue
+            density, closed, share = row["density"], row.get("closed", math.nan), row["bytes"]
+            figure = (f"{closed:.0%} of the gap closed: held-out loss {row['plain']['heldout_loss']:.3f} "
+                      f"plain, {row['path']['heldout_loss']:.3f} on the path, "
+                      f"{row['dense']['heldout_loss']:.3f} dense; {share:.1%} of dense's bytes")
+            out.append({"target": f"{row['method']} on {path} closes at least half of its plain gap to "
+                                  f"dense AdamW at ρ = {density:g} with at most {BYTES_SHARE:.0%} of dense's "
+                                  f"bytes (transformer task, {WORLD_SIZE} ranks, "
+                                  f"{report['config']['steps']} steps)",
+                        "met": bool(closed >= GAP_SHARE and share <= BYTES_SHARE),
+                        "figure": figure})
+            moon = MOONSHOT.get(density, LONG_MOONSHOT)
+            out.append({"target": f"moonshot: {row['method']} on {path} within {moon:.0%} of dense "
+                                  f"AdamW's held-out perplexity at ρ = {density:g}",
+                        "met": bool(row["ppl_ratio"] <= 1 + moon),
+                        "figure": f"{row['ppl_ratio']:.3f}x dense"})
     return out
 
 
@@ -244,45 +232,54 @@ def markdown(report: dict, figure: str | None) -> str:
     out = [f"{WORLD_SIZE} simulated ranks, the small GPT (hvd_sparse/sim/gpt.py) on the standard "
            f"library's tree, AdamW (lr {RECIPE['lr']:g}, weight decay {RECIPE['weight_decay']:g}), "
            f"batch {RECIPE['batch_size']} windows of 32 tokens a rank, {config['steps']} steps, seed "
-           f"{RECIPE['seed']}. Held-out perplexity over 16 k validation tokens at the last step; training "
-           f"loss: the mean of the last {TRAIN_TAIL} steps. `+adam`: the Adam path (docs/methods.md#"
-           "adam-and-adamw). Bytes: the payload a rank puts into collectives over the whole run, dense "
-           "steps included, against a dense allreduce's; wire: the ring algorithms' bytes on the wire "
-           "against dense's.", ""]
-    runs = report["runs"]
-    dense = runs.get(run_key("dense", 1.0))
-    out += ["| run | ρ | held-out perplexity | held-out loss | training loss | bytes (payload) "
-            "| bytes (wire) |", "|---|---|---|---|---|---|---|"]
-    for key, run in sorted(runs.items(), key=lambda item: (-item[1]["density"], item[0])):
-        share = run["payload_sent"] / dense["payload_sent"] if dense else math.nan
-        wire = run.get("wire_sent", math.nan) / dense.get("wire_sent", math.nan) if dense else math.nan
-        out.append(f"| {key.split('/')[0]} | {run['density']:g} | {run['perplexity']:.2f} | "
-                   f"{run['heldout_loss']:.3f} | {run['train_loss']:.3f} | {share:.2%} | {wire:.2%} |")
-    for suffix in ("+adam", SHARED_V):
-        table = rows(report, suffix)
-        if not table:
-            continue
-        what = "" if suffix == "+adam" else f" with a shared second moment (refreshed every {SHARED_V_EVERY})"
-        out += ["", f"The gap each seed method's Adam path{what} closes (held-out loss; in brackets, "
-                "training loss), with the path's bytes:", "",
-                f"| method | ρ | plain | {suffix} | dense | gap closed | bytes | perplexity / dense |",
-                "|---|---|---|---|---|---|---|---|"]
-        out += [gap_line(row) for row in table]
-    out += ["", "Targets: at least half the gap closed with at most 20% of dense's bytes (required, seed "
-            "methods); held-out perplexity within 5% of dense at ρ = 0.01, 15% at ρ = 0.001 (moonshot).", "",
-            "| method | ρ | gap closed | bytes | required | moonshot |", "|---|---|---|---|---|---|",
-            *verdicts(report)]
+           f"{RECIPE['seed']}. Held-out perplexity over 16 k validation tokens at the last step; the "
+           "Adam path: docs/methods.md#adam-and-adamw. Bytes: the payload a rank puts into collectives "
+           "over the whole run, dense steps and refreshes included, against a dense allreduce's (the JSON "
+           f"also has each run's training loss, the mean of its last {TRAIN_TAIL} steps, and its bytes on "
+           "the wire).", ""]
+    dense = report["runs"].get(run_key("dense", 1.0))
+    if dense:
+        out += [f"Dense AdamW: held-out perplexity {dense['perplexity']:.2f} (loss "
+                f"{dense['heldout_loss']:.3f}), training loss {dense['train_loss']:.3f}. Each cell: held-out "
+                "perplexity (x dense; the share of the plain run's gap in held-out loss closed; the run's "
+                "bytes against dense's). Own v: the Adam path as it defaults; shared v: with "
+                f"`second_moment_refresh={SHARED_V_EVERY}`.", ""]
+    out += ["| method | ρ | plain | on the path (own v) | on the path (shared v) |", "|---|---|---|---|---|"]
+    paths = {suffix: {(r["method"], r["density"]): r for r in rows(report, suffix)}
+             for suffix in ("+adam", SHARED_V)}
+    for density in report["config"]["densities"]:
+        for name in report["config"]["methods"]:
+            plain = report["runs"].get(run_key(name, density))
+            cells = [path_cell(paths[suffix].get((name, density))) for suffix in ("+adam", SHARED_V)]
+            if plain or any(cell != "-" for cell in cells):
+                out.append(f"| {name} | {density:g} | {plain['perplexity'] if plain else math.nan:.2f} | "
+                           + " | ".join(cells) + " |")
+    judged = targets(report)
+    for kind, test in (("Required (half the gap closed with at most 20% of dense's bytes)",
+                        lambda t: not t["target"].startswith("moonshot")),
+                       ("Moonshot (within 5% of dense's perplexity at ρ = 0.01, 15% at 0.001)",
+                        lambda t: t["target"].startswith("moonshot"))):
+        met = [target_label(t) for t in judged if test(t) and t["met"]]
+        missed = [target_label(t) for t in judged if test(t) and not t["met"]]
+        out += ["", f"{kind}, seed methods: met by {', '.join(met) or 'none'}; not met by "
+                f"{', '.join(missed) or 'none'}."]
     if figure:
         out += ["", f"![held-out perplexity over training]({Path(figure).name})"]
     return "\n".join(out) + "\n"
 
 
-def gap_line(row: dict) -> str:
-    plain = row["plain"]
-    return (f"| {row['method']} | {row['density']:g} | {plain['perplexity'] if plain else math.nan:.2f} | "
-            f"{row['path']['perplexity']:.2f} | {row['dense']['perplexity']:.2f} | "
-            f"{row.get('closed', math.nan):.0%} ({row.get('closed_train', math.nan):.0%}) | "
-            f"{row['bytes']:.1%} | {row['ppl_ratio']:.3f} |")
+def path_cell(row: dict | None) -> str:
+    if row is None:
+        return "-"
+    return (f"{row['path']['perplexity']:.2f} ({row['ppl_ratio']:.3f}x; {row.get('closed', math.nan):.0%}; "
+            f"{row['bytes']:.1%})")
+
+
+def target_label(target: dict) -> str:
+    """'<method> at ρ = x' (with 'shared v' where it was on that path) of a ``targets`` entry."""
+    method = target["target"].removeprefix("moonshot: ").split(" on ")[0]
+    shared = " (shared v)" if "shared second moment" in target["target"] else ""
+    return f"{method}{shared} at ρ = {target['target'].split('ρ = ')[1].split(' ')[0]}"
 
 
 def plot(report: dict, path: Path) -> str | None:
