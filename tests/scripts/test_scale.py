@@ -84,8 +84,8 @@ def test_the_summary_answers_the_issue_from_saved_reports():
                      "best": 3.0, "seconds": 8.0, "speedup": 1.0},
                     {"config": "exdyna-tracking+adam", "world": 16, "profile": "gpu", "rate": "10gbit",
                      "steps": None, "best": 4.0},
-                    {"config": "exdyna-tracking+adam-shared-v", "world": 16, "profile": "gpu", "rate": "10gbit",
-                     "steps": 500, "best": 2.9, "seconds": 9.0, "speedup": 0.89}]}
+                    {"config": "exdyna-tracking+adam-shared-v", "world": 16, "profile": "gpu",
+                     "rate": "10gbit", "steps": 500, "best": 2.9, "seconds": 9.0, "speedup": 0.89}]}
     text = scale_summary.summary({"profiles": {"gpu": "assumed"}, "density": 0.001, "validation": validation,
                                   "table": table, "crossovers": crossing}, tta)
     assert "median |error| 25%, largest 40%" in text and "NOT met" in text   # one pair beyond 30%
