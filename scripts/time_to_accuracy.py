@@ -157,7 +157,7 @@ GPT = Setup(
     recipe={"lr": 1e-3, "batch_size": 8, "optimizer": "adamw", "weight_decay": 0.01,
             "evaluate_every": 50},
     density=0.01, configs=("dense", "fp16", *(f"{m}{ADAM_PATH}" for m in SPARSE), "exdyna-tracking",
-                           "topk"),
+                           "topk", *(f"{m}{SHARED_V}" for m in SPARSE)),
     world_sizes=(2,), nets=("1gbit",), dense_steps=1000, budget=3.0,
     out_dir=REPO / "bench" / "time-to-accuracy-gpt", optimizer="adamw", settle=300,
     judged_suffix=ADAM_PATH)
@@ -252,8 +252,21 @@ def target_of(report: dict, world_size: int) -> float:
 
 # --- time per step: real Horovod jobs ---------------------------------------------------------------
 def e2e_config(name: str) -> str:
-    """The bench_e2e configuration that times ``name``."""
-    return name
+    """The bench_e2e configuration that times ``name``: the path's own for the shared second
+    moment, whose refreshes ``step_seconds`` adds."""
+    return name.removesuffix(SHARED_V) + ADAM_PATH if name.endswith(SHARED_V) else name
+
+
+def step_seconds(name: str, steps: dict) -> float | None:
+    """A configuration's step from the measured ones (``steps``: bench_e2e configuration ->
+    seconds). With the shared second moment: the path's step plus a dense allreduce (dense's step
+    less the step without communication) every ``SHARED_V_EVERY`` steps."""
+    step = steps.get(e2e_config(name))
+    if step is None or not name.endswith(SHARED_V):
+        return step
+    if "local" not in steps or "dense" not in steps:
+        return None
+    return step + (steps["dense"] - steps["local"]) / SHARED_V_EVERY
 
 
 def measure_step_times(setup: Setup, out_dir: Path, configs: list[str], sizes: list[int],
@@ -311,7 +324,7 @@ def compose(setup: Setup, report: dict) -> dict:
             for name in setup.configs:
                 run = report["curves"].get(curve_key(name, int(size)))
                 if run and run["curve"]:
-                    rows[name] = compose_one(run["curve"], target, steps.get(e2e_config(name)),
+                    rows[name] = compose_one(run["curve"], target, step_seconds(name, steps),
                                              steps["dense"], setup.warmup_steps(name))
             dense_seconds = rows.get("dense", {}).get("seconds")
             for row in rows.values():
@@ -337,13 +350,16 @@ def judge(setup: Setup, table: dict) -> list[dict]:
 
 def judge_adam(setup: Setup, table: dict) -> list[dict]:
     """Issue 35's target: at 2 ranks and 1 Gbit/s, each seed method on the Adam path reaches
-    dense's perplexity, and sooner than dense."""
+    dense's perplexity, and sooner than dense; the path with its own second moment or the shared
+    one, whichever gets there sooner."""
     out = []
     rows = table.get("1gbit", {}).get("2", {}).get("rows", {})
     if not rows:
         return out
     for method in SEED_METHODS:
-        name = f"{method}{setup.judged_suffix}"
+        variants = [f"{method}{setup.judged_suffix}", f"{method}{SHARED_V}"]
+        name = max((v for v in variants if v in rows), key=lambda v: rows[v].get("speedup", 0.0),
+                   default=variants[0])
         row = rows.get(name)
         measured = ("no curve" if row is None else f"not reached in {row['steps_run']} steps "
                     f"(best {row['best']:.2f})" if row["steps"] is None
@@ -395,7 +411,9 @@ def markdown(setup: Setup, report: dict, table: dict, targets: list[dict], figur
              f"target: dense's perplexity after {setup.dense_steps} steps + {TOLERANCE:.0%}; budget "
              f"{setup.budget:g}x dense's steps. Curves from the simulator, step times from real "
              f"Horovod jobs (scripts/bench_e2e.py, model `{setup.e2e_model}`); warm-up steps and the "
-             "Adam path's dense steps charged at dense's step time.", ""]
+             "Adam path's dense steps charged at dense's step time. `+adam-shared-v`: the path with "
+             f"`second_moment_refresh={SHARED_V_EVERY}`, its step the path's measured one plus a dense "
+             f"allreduce (dense's step less `local`'s) every {SHARED_V_EVERY} steps.", ""]
     for size in sorted({size for by_size in table.values() for size in by_size}, key=int):
         lines += size_table(setup, size, {net: by_size[size] for net, by_size in table.items()
                                           if size in by_size})
@@ -464,9 +482,9 @@ def plot(setup: Setup, report: dict, table: dict, out_dir: Path) -> str | None:
         steps = report["step_times"][net][size]
         for name in setup.configs:
             run = report["curves"].get(curve_key(name, int(size)))
-            if not run or e2e_config(name) not in steps:
+            if not run or step_seconds(name, steps) is None:
                 continue
-            x = wall_clock(run["curve"], steps[e2e_config(name)], steps["dense"],
+            x = wall_clock(run["curve"], step_seconds(name, steps), steps["dense"],
                            setup.warmup_steps(name))
             ax.plot(x, [v for _, v in run["curve"]], label=name,
                     linestyle="--" if name.endswith(("+corr", ADAM_PATH)) else "-", linewidth=1.2)
