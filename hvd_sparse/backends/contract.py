@@ -32,7 +32,7 @@ def adam_constants(factor: float, second: Any) -> tuple[float, ...]:
     ``SecondMoment``)."""
     return (float(factor), 1.0 - float(factor), float(second.factor), 1.0 - float(second.factor),
             float(second.first_scale), float(second.second_scale), float(second.eps), float(second.bound),
-            1.0 if getattr(second, "frozen", False) else 0.0)
+            1.0 if second.frozen else 0.0)
 
 
 class Selected(NamedTuple):

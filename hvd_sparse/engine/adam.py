@@ -21,7 +21,6 @@ m lives where the momentum correction keeps its velocity (``Bucket.momentum``), 
 
 from __future__ import annotations
 
-import math
 from dataclasses import replace
 from typing import Any
 
@@ -58,26 +57,25 @@ def refresh_second_moment(backend: Backend, bucket: Any, tensors: list[Any], ctx
                           corrections: Corrections, nonfinite: str) -> Protocol:
     """Protocol: the shared v refreshed from the dense average a of this step's raw gradient, on
     every rank alike: v <- b2^K·v + (1 - b2^K)·a², one sample standing for the K steps until
-    the next (``second_moment_refresh`` = K). A rank whose gradient is not finite sends zeros
-    (``nonfinite="skip"``) or NaN (``"raise"``: the step raises on every rank anyway); a sum that
-    is not finite, the same on every rank, leaves v as it was. Returns the bytes the allreduce
-    put in (and took out)."""
-    b = backend
-    _ensure_moments(b, bucket)
-    grad = b.accumulate(b.zeros(bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual), tensors)
-    if nonfinite != "ignore" and not b.all_finite(grad):
-        grad = b.scale(grad, math.nan) if nonfinite == "raise" else b.zeros(
-            bucket.numel, b.dtype_name(bucket.residual), like=bucket.residual)
+    the next (``second_moment_refresh`` = K). A sum that is not finite, the same on every rank,
+    leaves v as it was: a rank's NaN/Inf reaches it as it is, except under ``nonfinite="skip"``,
+    where that rank sends zeros (the only policy that needs a look at the gradient here). The
+    step's context (``sparse_momentum``) already holds both moments. Returns the bytes the
+    allreduce put in (and took out)."""
+    b, dtype = backend, backend.dtype_name(bucket.residual)
+    grad = b.accumulate(b.zeros(bucket.numel, dtype, like=bucket.residual), tensors)
+    if nonfinite == "skip" and not b.all_finite(grad):
+        grad = b.zeros(bucket.numel, dtype, like=bucket.residual)
     (total,) = yield [Collective(ALLREDUCE, f"{ctx.name}.v", grad)]
     if b.all_finite(total):
         if nonfinite == "raise":   # what take_back restores, should another bucket abort the step
             bucket.adam_before = (None, b.copy(bucket.second_moment))
         keep = corrections.adam.beta2 ** corrections.second_moment_refresh
         average = b.scale(total, 1.0 / ctx.size)
-        square = b.multiply(b.copy(average), average)
+        square = b.multiply(average, average)   # in place where the backend can: a is not read again
         bucket.second_moment = b.add(b.scale(bucket.second_moment, keep), b.scale(square, 1.0 - keep))
         ctx.momentum.second.buffer = bucket.second_moment   # what this step's accumulation reads
-    return bucket.numel * patterns.ITEMSIZE[b.dtype_name(bucket.residual)]
+    return bucket.numel * patterns.ITEMSIZE[dtype]
 
 
 def dense_update(backend: Backend, bucket: Any, out: patterns.Exchanged, path: AdamPath,
