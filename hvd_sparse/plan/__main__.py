@@ -7,8 +7,10 @@
 The model: ``--layers`` (tensor sizes in model order), or ``--params`` split into
 ``--tensors`` equal tensors; one rank's ``--compute-ms`` per step (a third forward, two thirds
 backward, spread over the tensors by size); selection at ``--select-ns`` per element accumulated
-and per element scanned; the network's bandwidth, latency and fixed cost per collective. Every
-figure is a projection of the cost model, not a measurement.
+and per element scanned; the network's bandwidth, latency and fixed cost per collective.
+``--second-moment-refresh K``: the methods on the Adam path with a shared second moment, whose
+dense allreduce every K steps counts in the mean step. Every figure is a projection of the cost
+model, not a measurement.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from __future__ import annotations
 import argparse
 from typing import Any
 
-from ..algorithms import METHODS
+from ..algorithms import METHODS, AdamPath
 from .network import Network, parse_rate
 from .step import ComputeProfile, SelectionCost, step_time
 from .traffic import bytes_per_rank, dense_traffic, steady_traffic
@@ -46,7 +48,22 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--density", type=float, default=0.001)
     parser.add_argument("--methods", nargs="+", choices=[cls.name for cls in METHODS],
                         default=list(DEFAULT_METHODS))
-    return parser.parse_args(argv)
+    parser.add_argument("--second-moment-refresh", type=int, default=0, metavar="K",
+                        help="the Adam path with v shared by the ranks, refreshed every K steps "
+                             "(docs/methods.md#adam-and-adamw); 0: each rank's own v, no extra traffic")
+    args = parser.parse_args(argv)
+    if args.second_moment_refresh < 0:
+        parser.error(f"--second-moment-refresh must be 0 or a positive number of steps, got "
+                     f"{args.second_moment_refresh}")
+    return args
+
+
+def options_of(name: str, args: argparse.Namespace) -> dict[str, Any]:
+    """The options ``name`` runs with: its usual ones, on the Adam path with ``--second-moment-refresh``."""
+    options = dict(OPTIONS.get(name, {}))
+    if args.second_moment_refresh:
+        options.update(adam=AdamPath(), second_moment_refresh=args.second_moment_refresh)
+    return options
 
 
 def sizes_of(args: argparse.Namespace) -> list[int]:
@@ -57,7 +74,7 @@ def sizes_of(args: argparse.Namespace) -> list[int]:
     return [share] * (args.tensors - 1) + [int(args.params) - share * (args.tensors - 1)]
 
 
-def rows(args: argparse.Namespace, world: int) -> list[tuple[str, Any, int]]:
+def rows(args: argparse.Namespace, world: int) -> list[tuple[str, Any, float]]:
     """(configuration, StepTime, bytes a rank sends) at ``world`` ranks, dense and fp16 first."""
     sizes = sizes_of(args)
     network = Network(parse_rate(args.bandwidth), args.latency_us * 1e-6, args.overhead_us * 1e-6,
@@ -70,7 +87,7 @@ def rows(args: argparse.Namespace, world: int) -> list[tuple[str, Any, int]]:
         out.append((name, step_time(profile, traffic, network), bytes_per_rank(traffic)))
     selection = SelectionCost(args.select_ns * 1e-9, args.select_ns * 1e-9)
     for name in args.methods:
-        algorithm = next(cls for cls in METHODS if cls.name == name)(args.density, **OPTIONS.get(name, {}))
+        algorithm = next(cls for cls in METHODS if cls.name == name)(args.density, **options_of(name, args))
         traffic = steady_traffic(algorithm, sizes, world)
         out.append((name, step_time(profile, traffic, network, selection), bytes_per_rank(traffic)))
     return out
@@ -82,7 +99,9 @@ def main(argv: list[str] | None = None) -> None:
     print(f"Projection (hvd_sparse.plan's cost model, not a measurement): {sum(sizes_of(args)):,} "
           f"parameters, {args.bandwidth}, latency {args.latency_us:g} us, {args.overhead_us:g} us per "
           f"collective, {args.allreduce} allreduce, computation {args.compute_ms:g} ms, "
-          f"ρ = {args.density:g}, steady state")
+          f"ρ = {args.density:g}, steady state"
+          + (f"; the Adam path's v shared, refreshed every {args.second_moment_refresh} steps (mean step)"
+             if args.second_moment_refresh else ""))
     for world in args.world_sizes:
         table = rows(args, world)
         dense = table[0][1].total

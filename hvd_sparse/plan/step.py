@@ -88,7 +88,8 @@ class StepTime:
 def step_time(profile: ComputeProfile, traffic: list[BucketTraffic], network: Network,
               selection: SelectsBuckets | None = None) -> StepTime:
     """The step's time on the critical path of the module docstring, on the slowest rank (its
-    backward pass ``straggler`` seconds longer, spread over it)."""
+    backward pass ``straggler`` seconds longer, spread over it); a collective issued every few
+    steps (``Transfer.every``) counts in the mean step by its share."""
     order = sorted(traffic, key=lambda b: min(b.members), reverse=True)   # backward: last first
     total = sum(profile.backward)
     stretch = 1.0 + profile.straggler / total if total > 0 else 1.0
@@ -98,7 +99,7 @@ def step_time(profile: ComputeProfile, traffic: list[BucketTraffic], network: Ne
         select = selection.seconds(bucket) if selection is not None else 0.0
         ready = done[min(bucket.members)] + select_total + select
         select_total += select
-        comm = sum(network.seconds(t.op, t.parts) for phase in bucket.phases for t in phase)
+        comm = sum(network.seconds(t.op, t.parts) / t.every for phase in bucket.phases for t in phase)
         comm_total += comm
         channel = max(ready, channel) + comm
     backward = total * stretch + select_total

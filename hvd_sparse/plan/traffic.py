@@ -10,7 +10,9 @@ plan of the model into buckets, its pattern (docs/architecture.md#communication-
 its k -- for the steady state (after warm-up, threshold settled at the target density), so any
 N and any model size can be priced. Each rank of an exclusive method (ExDyna, MiCRO, DEFT)
 sends k/N of a bucket's k and the union is k; every other method's rank sends k, and a gather
-brings N·k pairs to every rank. The tests hold the two against each other.
+brings N·k pairs to every rank. The tests hold the two against each other. A collective
+issued only every few steps (the Adam path's refresh of a shared second moment) is one
+``Transfer`` with ``every`` > 1: the step it prices is the mean step.
 """
 
 from __future__ import annotations
@@ -30,11 +32,13 @@ VALUE_BYTES = DENSE_BYTES = ITEMSIZE["float32"]   # a dense fp32 allreduce (Horo
 
 @dataclass(frozen=True)
 class Transfer:
-    """One collective: its op and each participating rank's contribution in bytes."""
+    """One collective: its op and each participating rank's contribution in bytes, issued once
+    every ``every`` steps (a mean step counts 1/every of it)."""
 
     op: str
     parts: tuple[int, ...]
     name: str = ""
+    every: int = 1
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,9 @@ def steady_traffic(algorithm: Algorithm, sizes: list[int], size: int, buildup: f
         k = algorithm.k(numel) if bucket in single else sum(algorithm.k(sizes[i]) for i in index)
         union = k if algorithm.exclusive else min(numel, round(k * (size if buildup is None else buildup)))
         phases = _phases(algorithm, bucket, k, union, size)
+        refresh = algorithm.corrections.second_moment_refresh
+        if refresh:   # the shared second moment's dense allreduce, before the selection
+            phases = ((Transfer(ALLREDUCE, (numel * DENSE_BYTES,) * size, f"{bucket}.v", refresh),), *phases)
         if algorithm.name == "deft":   # the rotating master's assignment, every step
             phases = ((Transfer(BROADCAST, (_deft_assignment_bytes(algorithm, [sizes[i] for i in index],
                                                                    size),) * size, f"{bucket}.assign"),),
@@ -154,6 +161,6 @@ def _deft_assignment_bytes(algorithm: Algorithm, sizes: list[int], size: int) ->
     return 4 * (size + units * (2 if getattr(algorithm, "agreed_k", False) else 1))
 
 
-def bytes_per_rank(traffic: list[BucketTraffic], rank: int = 0) -> int:
-    """What one rank puts into collectives in a step."""
-    return sum(t.parts[rank] for bucket in traffic for phase in bucket.phases for t in phase)
+def bytes_per_rank(traffic: list[BucketTraffic], rank: int = 0) -> float:
+    """What one rank puts into collectives in a (mean) step."""
+    return sum(t.parts[rank] / t.every for bucket in traffic for phase in bucket.phases for t in phase)

@@ -66,3 +66,32 @@ def test_the_command_line_prints_a_labelled_projection(capsys):
     out = capsys.readouterr().out
     assert out.startswith("Projection (hvd_sparse.plan's cost model, not a measurement)")
     assert "N = 16" in out and "\nexdyna " in out and "\nfp16 " in out
+
+
+def test_a_collective_issued_every_few_steps_counts_by_its_share():
+    """A 2 s allreduce issued every 4 steps adds half a second to the mean step."""
+    profile = ComputeProfile(forward=0.0, backward=(1.0,))
+    every = BucketTraffic("t0", (0,), 1000, 0, ((Transfer(ALLREDUCE, (2_000_000,) * 2, "t0.v", 4),),
+                                                (Transfer(ALLREDUCE, (1_000_000,) * 2),)))
+    step = step_time(profile, [every], NET)
+    assert step.comm == pytest.approx(1.5) and step.total == pytest.approx(2.5)
+
+
+def test_the_command_line_prices_the_shared_second_moment(capsys):
+    """``--second-moment-refresh K``: the methods on the Adam path, a dense allreduce every K steps
+    in their mean step and bytes; a negative K is refused."""
+    from hvd_sparse.plan.__main__ import main
+
+    def sent(argv: list[str]) -> dict[str, float]:
+        main(["--params", "1e6", "--tensors", "4", "--world-sizes", "8", "--compute-ms", "10",
+              "--methods", "exdyna", "topk", *argv])
+        lines = capsys.readouterr().out.splitlines()
+        return {line.split()[0]: float(line.split()[-1]) for line in lines
+                if line.split()[:1] in (["exdyna"], ["topk"], ["dense"])}
+
+    own, shared = sent([]), sent(["--second-moment-refresh", "20"])
+    assert shared["dense"] == own["dense"] == pytest.approx(4.0)   # MB a rank sends
+    for name in ("exdyna", "topk"):
+        assert shared[name] == pytest.approx(own[name] + 4.0 / 20, abs=1e-3)
+    with pytest.raises(SystemExit):
+        main(["--params", "1e6", "--compute-ms", "10", "--second-moment-refresh", "-1"])

@@ -115,3 +115,22 @@ def test_top_k_gathers_n_k_pairs_and_the_dense_allreduce_is_fused():
     assert [b.members for b in dense] == [(3, 2), (1,), (0,)]   # the 4000 alone
     assert all(t.op == ALLREDUCE for b in dense for p in b.phases for t in p)
     assert bytes_per_rank(dense) == 4 * numel
+
+
+def test_the_shared_second_moments_refresh_is_what_the_engine_issues():
+    """The Adam path with ``second_moment_refresh`` = K: a dense allreduce of the bucket on every
+    K-th sparse step, which the derived mean step carries with ``every`` = K; over K recorded
+    sparse steps the bytes are K derived steps'."""
+    from hvd_sparse.algorithms import AdamPath
+
+    size, every = 3, 2
+    algorithm = method("topk", adam=AdamPath(), dense_steps=1, second_moment_refresh=every)
+    _, _, per_step = record_steps(algorithm, size, 1 + 2 * every)
+    sparse = per_step[1:]
+    refreshes = [[t for phase in step for t in phase if t.name.endswith(".v")] for step in sparse]
+    assert [len(r) for r in refreshes] == [len(SIZES), 0] * every   # one per bucket, the first step
+    assert all(t.op == ALLREDUCE for r in refreshes for t in r)
+    derived = steady_traffic(algorithm, SIZES, size, packed=False)
+    assert [t.every for b in derived for t in b.phases[0]] == [every] * len(SIZES)
+    recorded = sum(payload(step, 0) for step in sparse)
+    assert recorded == pytest.approx(2 * every * bytes_per_rank(derived))
