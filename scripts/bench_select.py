@@ -49,6 +49,11 @@ step, is that pass alone (the one-pass kernel, ``adam_accumulate``), reported as
 
     python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 3 --kernels on off \
         --methods exdyna micro --adam --no-tensorflow --out-dir bench/select-adam
+
+``--shared-v`` (with ``--adam``): the path with Adam's v shared by the ranks
+(``second_moment_refresh``), refreshed on the first sparse step only, so that every timed step
+is one between refreshes, which reads v and does not write it; its floor is that pass (reads g,
+u, v, e, writes u, e). The refresh itself (a dense allreduce) is not timed here.
 """
 
 from __future__ import annotations
@@ -85,6 +90,8 @@ WARMUP = 12
 # settle over ADAM_WARMUP steps (it holds the target within 20 steps at 1e6 entries).
 ROLL = 7919
 ADAM_WARMUP = 30
+# --shared-v: a refresh on the first sparse step, none after it within any run of this benchmark.
+SHARED_V_REFRESH = 1_000_000
 KERNEL_MODES = {"on": "auto", "off": "off"}   # --kernels value -> hvd_sparse.set_kernels mode
 TF_METHODS = METHODS                          # every method on the TensorFlow backend as well
 
@@ -115,12 +122,15 @@ class MomentumFloor:
     of the device is called directly (hvd_sparse/kernels/cpu/momentum.cpp, or the Triton accumulation), in
     any kernel mode; where it cannot load, torch's three ops stand in (``kind`` says which).
     ``adam``: the Adam path's accumulation instead, which reads v too and writes it (its one-pass
-    kernel ``adam_accumulate``, hvd_sparse/kernels/cpu/accumulate.cpp; the reference ops stand in)."""
+    kernel ``adam_accumulate``, hvd_sparse/kernels/cpu/accumulate.cpp; the reference ops stand in);
+    with ``frozen``, v shared by the ranks: read, not written."""
 
-    def __init__(self, n: int, device: str, factor: float = 0.9, nesterov: bool = False, adam: bool = False):
+    def __init__(self, n: int, device: str, factor: float = 0.9, nesterov: bool = False, adam: bool = False,
+                 frozen: bool = False):
         self.g, self.u, self.e = (torch.randn(n, device=device) * 1e-3 for _ in range(3))
         self.device, self.factor, self.nesterov, self.adam = device, factor, nesterov, adam
-        self.second = SecondMoment(torch.rand(n, device=device) * 1e-6, 0.999, 1.0, 1.0, 1e-8, 3.16)
+        self.second = SecondMoment(torch.rand(n, device=device) * 1e-6, 0.999, 1.0, 1.0, 1e-8, 3.16,
+                                   frozen=frozen)
         self.kernel, self.kind = None, "torch's ops, several passes, not one"
         try:
             if device == "cuda":
@@ -166,21 +176,24 @@ def gradients(n: int, size: int, device: str, seed: int = 0) -> list[torch.Tenso
                 for _ in range(size)]
 
 
-def options_for(method: str, momentum: float = 0.0, nesterov: bool = False, adam: bool = False) -> dict:
+def options_for(method: str, momentum: float = 0.0, nesterov: bool = False, adam: bool = False,
+                shared_v: bool = False) -> dict:
     """The method's options in this benchmark, with the momentum correction or the Adam path (one
-    dense step) when asked."""
+    dense step; ``shared_v``: v shared, refreshed on the first sparse step only) when asked."""
     options = dict(OPTIONS.get(method, {}))
     if momentum:   # without: every method as it is (DGC keeps its own default, 0.9)
         options.update(momentum=momentum, nesterov=nesterov)
     if adam:
         options.update(adam=AdamPath(), dense_steps=1)
+    if adam and shared_v:
+        options.update(second_moment_refresh=SHARED_V_REFRESH)
     return options
 
 
 def method_seconds(method: str, n: int, size: int, density: float, repeats: int, device: str,
                    framework: str = "torch", floor: Floor | None = None,
                    momentum_floor: MomentumFloor | None = None, momentum: float = 0.0,
-                   nesterov: bool = False, adam: bool = False) -> dict:
+                   nesterov: bool = False, adam: bool = False, shared_v: bool = False) -> dict:
     """Median per-rank step; ``framework="tensorflow"``: the TF backend on the same gradients
     (immutable tensors, so nothing is written into the inputs). ``over_floor``: the median over
     steps of the step over the floor timed just before it (paired, so that a machine whose load
@@ -188,7 +201,8 @@ def method_seconds(method: str, n: int, size: int, density: float, repeats: int,
     ``over_momentum_floor``, the step over that floor timed just before it too."""
     floor = floor or Floor(n, device)
     backend = get_backend(framework)
-    algorithm = hvd_sparse.create(method, density=density, **options_for(method, momentum, nesterov, adam))
+    algorithm = hvd_sparse.create(method, density=density,
+                                  **options_for(method, momentum, nesterov, adam, shared_v))
     torch_face = framework == "torch"
     engines = [Engine(algorithm, backend, rank, size, write_into_inputs=torch_face) for rank in range(size)]
     group = LocalGroup(size, backend)
@@ -312,10 +326,10 @@ def measure(methods: list[str], n: int, size: int, args, tensorflow: bool = Fals
     own; every mode's under "kernels"), and with ``tensorflow`` the TF backend's figures. The
     row's floor: the median of the floors timed before the steps."""
     floor = Floor(n, args.device)
-    momentum_floor = (MomentumFloor(n, args.device, args.momentum or 0.9, args.nesterov, args.adam)
-                      if args.momentum or args.adam else None)
+    momentum_floor = (MomentumFloor(n, args.device, args.momentum or 0.9, args.nesterov, args.adam,
+                                    args.shared_v) if args.momentum or args.adam else None)
     timing = {"momentum_floor": momentum_floor, "momentum": args.momentum, "nesterov": args.nesterov,
-              "adam": args.adam}
+              "adam": args.adam, "shared_v": args.shared_v}
     row = {"n": n, "world_size": size, "methods": {}, "tensorflow": {}}
     if momentum_floor is not None:
         row["momentum_floor_kind"] = momentum_floor.kind
@@ -375,6 +389,9 @@ MOMENTUM_FLOOR = "the momentum floor (one pass reading u, g, e, writing u, e)"
 # On the Adam path (an --adam run, issue 35): the step over its own accumulation, one pass reading
 # g, u, v, e and writing u, v, e.
 ADAM_FLOOR = "the Adam floor (one pass reading g, u, v, e, writing u, v, e)"
+# With v shared (a --adam --shared-v run): the steps between refreshes over their pass, which
+# does not write v.
+SHARED_V_FLOOR = "the Adam floor with v shared (one pass reading g, u, v, e, writing u, e)"
 
 
 def kernel_figures(m: dict, mode: str) -> dict:
@@ -391,10 +408,12 @@ def judge(result: dict) -> list[dict]:
     momentum = result.get("momentum") or adam
     limits, ratio, floor = ((MOMENTUM_FLOOR_RATIO_MAX, "over_momentum_floor", "momentum_floor_seconds")
                             if momentum else (FLOOR_RATIO_MAX, "over_floor", "floor_seconds"))
-    name = ADAM_FLOOR if adam else MOMENTUM_FLOOR if momentum else "the floor (`a = g + e`)"
+    shared = adam and result.get("shared_v", False)
+    name = (SHARED_V_FLOOR if shared else ADAM_FLOOR if adam else MOMENTUM_FLOOR if momentum
+            else "the floor (`a = g + e`)")
     setting = ""
     if adam:
-        setting = ", on the Adam path"
+        setting = ", on the Adam path" + (" with v shared, between refreshes" if shared else "")
     elif momentum:
         setting = f", momentum={momentum:g}" + (" (Nesterov)" if result.get("nesterov") else "")
     for r in result["sizes"]:
@@ -475,13 +494,19 @@ def size_table(result: dict, rows: list[dict], modes: list[str]) -> list[str]:
     momentum = result.get("momentum") or result.get("adam")
     if momentum:
         kind = rows[0].get("momentum_floor_kind", "") if rows else ""
-        path = ("on the Adam path (one dense step first); the second ratio is over the Adam floor, one "
+        path = (("on the Adam path with v shared by the ranks (one dense step, then a refresh of v on "
+                 "the first sparse step and none after it: every timed step reads v and does not write "
+                 "it); the second ratio is over the Adam floor with v shared, one pass that reads g, u, "
+                 "v, e and writes u, e") if result.get("shared_v") else
+                "on the Adam path (one dense step first); the second ratio is over the Adam floor, one "
                 "pass that reads g, u, v, e and writes u, v, e" if result.get("adam") else
                 f"with the momentum correction, momentum={momentum:g}"
                 + (" (Nesterov)" if result.get("nesterov") else "") + "; the second ratio is over "
                 "the momentum floor, one pass that reads u, g, e and writes u, e")
         lines.insert(1, f"Every method {path} (here {kind}), timed beside the other before every step.")
-        lines.append(f"| {'Adam' if result.get('adam') else 'momentum'} floor | "
+        label = ("Adam floor, v shared" if result.get("shared_v") else "Adam floor" if result.get("adam")
+                 else "momentum floor")
+        lines.append(f"| {label} | "
                      + " | ".join(f"{r['momentum_floor_seconds'] * 1e3:.2f}" for r in rows) + " |")
     for method in result["methods"]:
         for mode in modes:
@@ -596,7 +621,12 @@ def main() -> None:
     parser.add_argument("--adam", action="store_true",
                         help="run every method on the Adam path, and divide each step by that path's "
                              "floor too (its accumulation alone, one pass)")
+    parser.add_argument("--shared-v", action="store_true",
+                        help="with --adam: v shared by the ranks (second_moment_refresh), timing the "
+                             "steps between refreshes, which read v and do not write it")
     args = parser.parse_args()
+    if args.shared_v and not args.adam:
+        parser.error("--shared-v is an option of the Adam path: add --adam")
     if args.quick:
         args.sizes, args.world_sizes, args.repeats = [1e6, 25e6], [1, 2, 4, 8], 3
     torch.set_num_threads(1)   # one core per rank, as on a real node
@@ -606,11 +636,13 @@ def main() -> None:
     memory = {}
     for mode in args.kernels if "exdyna" in args.methods else ():   # ExDyna's own figure
         memory[mode] = memory_overhead(largest, args.world_size, args.density, args.device, mode,
-                                       options_for("exdyna", args.momentum, args.nesterov, args.adam))
+                                       options_for("exdyna", args.momentum, args.nesterov, args.adam,
+                                                   args.shared_v))
         print(f"exdyna memory overhead at n={largest:,} N={args.world_size}, kernels {mode}: "
               f"{memory[mode]:.2f} fp32 copies/rank", flush=True)
     result = {"density": args.density, "device": args.device, "repeats": args.repeats,
               "momentum": args.momentum, "nesterov": args.nesterov, "adam": args.adam,
+              "shared_v": args.shared_v,
               "world_size": args.world_size, "methods": args.methods, "kernels": args.kernels,
               "memory_copies_per_rank": memory.get(args.kernels[0]), "memory_copies_by_kernels": memory,
               "sizes": [], "world_sizes": []}

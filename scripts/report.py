@@ -176,6 +176,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("select-adam/select.md", "Selection cost on the Adam path",
      "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 5 --kernels on off --methods "
      "exdyna micro topk --adam --no-tensorflow --out-dir bench/select-adam"),
+    ("select-adam-shared-v/select.md", "Selection cost on the Adam path with a shared second moment",
+     "python scripts/bench_select.py --sizes 25e6 --world-sizes --repeats 5 --kernels on off --methods "
+     "exdyna micro topk --adam --shared-v --no-tensorflow --out-dir bench/select-adam-shared-v"),
     ("lever-safety.md", "Are the SGD levers safe? The digits CNN at ρ = 0.001",
      "python scripts/lever_safety.py --jobs 2"),
     ("scale/summary.md", "Scale: where sparsification pays, 2 to 1024 ranks (projection)",
@@ -219,8 +222,9 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-models-baselines.json",
                  "e2e-tf.json", "e2e-tf-models-packed.json", "time-to-accuracy/tta.json",
                  "time-to-accuracy-gpt/tta.json",
-                 "adam-quality.json", "adam-twin-tf.json", "gpt2-adam.json", "lever-safety.json",
-                 "select-adam/select.json",
+                 "adam-quality.json", "adam-twin-tf.json",
+                 "gpt2-adam.json", "lever-safety.json",
+                 "select-adam/select.json", "select-adam-shared-v/select.json",
                  "ddp-1gbit/ddp.json"):
         result = load(bench / name)
         for target in (result or {}).get("targets", []):

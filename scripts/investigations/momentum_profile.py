@@ -13,10 +13,15 @@ u, g and e and writes u and e) timed just before it; medians over repeats. Two p
   with ``nonfinite="skip"`` (the default: the op reads the gradient for NaN/Inf before the pass)
   and ``nonfinite="ignore"`` (no check), side by side.
 
+``--adam``: the step part on the Adam path instead (``bench_select --adam``'s configuration: the
+gradient rolled every step, 30 warm-up steps), against the Adam floor (one pass reading g, u,
+v, e, writing u, v, e); the fused op is then ``adam_accumulate_select``.
+
 ``--clock cpu`` (the default) times by the thread's CPU time, which other jobs on a shared
 machine perturb less than the wall clock that bench_select uses (``--clock wall``).
 
     python scripts/investigations/momentum_profile.py --repeats 9
+    python scripts/investigations/momentum_profile.py --adam --parts step --repeats 5
 """
 
 from __future__ import annotations
@@ -39,7 +44,7 @@ from hvd_sparse.comm.local import LocalGroup
 from hvd_sparse.engine import Engine
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))   # scripts/: the helpers it builds on
-from bench_select import WARMUP, MomentumFloor, gradients, options_for
+from bench_select import ADAM_WARMUP, ROLL, WARMUP, MomentumFloor, gradients, options_for
 
 FACTOR = 0.9
 CLOCKS = {"cpu": time.thread_time, "wall": time.perf_counter}
@@ -89,8 +94,10 @@ def kernel_parts(n: int, repeats: int, clock) -> dict[str, float]:
     return {name: statistics.median(r) for name, r in ratios.items()}
 
 
-def step_parts(method: str, nonfinite: str, n: int, size: int, repeats: int) -> dict[str, float]:
-    """Median ratios of a rank's step, and of the fused op inside it, to the momentum floor."""
+def step_parts(method: str, nonfinite: str, n: int, size: int, repeats: int,
+               adam: bool = False) -> dict[str, float]:
+    """Median ratios of a rank's step, and of the fused op inside it, to the momentum floor (the
+    Adam floor with ``adam``)."""
     backend = get_backend("torch")
     spent = [0.0]
     op = backend.accumulate_select
@@ -103,23 +110,25 @@ def step_parts(method: str, nonfinite: str, n: int, size: int, repeats: int) -> 
         finally:
             spent[0] += local.time.perf_counter() - started
 
-    algorithm = hvd_sparse.create(method, density=0.001, **options_for(method, FACTOR))
+    options = options_for(method, adam=True) if adam else options_for(method, FACTOR)
+    algorithm = hvd_sparse.create(method, density=0.001, **options)
     engines = [Engine(algorithm, backend, rank, size, write_into_inputs=True, nonfinite=nonfinite)
                for rank in range(size)]
     group = LocalGroup(size, backend)
     grads = gradients(n, size, "cpu")
     inputs = [g.clone() for g in grads]
-    floor = MomentumFloor(n, "cpu", FACTOR)
+    floor = MomentumFloor(n, "cpu", FACTOR, adam=adam)
+    warmup = ADAM_WARMUP if adam else WARMUP
     steps, ops = [], []
     backend.accumulate_select = timed
     try:
-        for step in range(repeats + WARMUP):
+        for step in range(repeats + warmup):
             below = floor.seconds()
             for g, x in zip(grads, inputs, strict=True):
-                x.copy_(g)
+                x.copy_(torch.roll(g, step * ROLL) if adam else g)
             group.seconds, spent[0] = [0.0] * size, 0.0
             group.run([engine.step("model", [inputs[r]]) for r, engine in enumerate(engines)])
-            if step >= WARMUP:
+            if step >= warmup:
                 steps.append(statistics.median(group.seconds) / below)
                 ops.append(spent[0] / size / below)
     finally:
@@ -134,6 +143,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=9)
     parser.add_argument("--methods", nargs="+", default=["exdyna", "micro"])
     parser.add_argument("--clock", choices=sorted(CLOCKS), default="cpu")
+    parser.add_argument("--adam", action="store_true", help="the step part on the Adam path")
     parser.add_argument("--parts", nargs="+", choices=["kernel", "step"], default=["kernel", "step"])
     args = parser.parse_args()
     torch.set_num_threads(1)
@@ -144,15 +154,16 @@ def main() -> None:
     import bench_select
     local.time = bench_select.time = shim
     n = int(args.size)
-    print(f"n = {n:,}, N = {args.world_size}, momentum={FACTOR}, kernels on, clock {args.clock}; "
-          f"ratios to the momentum floor, medians of {args.repeats}", flush=True)
-    if "kernel" in args.parts:
+    path = "the Adam path" if args.adam else f"momentum={FACTOR}"
+    print(f"n = {n:,}, N = {args.world_size}, {path}, kernels on, clock {args.clock}; "
+          f"ratios to the {'Adam' if args.adam else 'momentum'} floor, medians of {args.repeats}", flush=True)
+    if "kernel" in args.parts and not args.adam:
         for name, ratio in kernel_parts(n, args.repeats, clock).items():
             print(f"kernel  {name:36s} {ratio:6.3f}", flush=True)
     if "step" in args.parts:
         for method in args.methods:
             for nonfinite in ("skip", "ignore"):
-                parts = step_parts(method, nonfinite, n, args.world_size, args.repeats)
+                parts = step_parts(method, nonfinite, n, args.world_size, args.repeats, args.adam)
                 print(f"step    {method:7s} nonfinite={nonfinite:7s} step {parts['step']:6.3f}  "
                       f"fused op {parts['fused op']:6.3f}  rest {parts['step'] - parts['fused op']:6.3f}",
                       flush=True)

@@ -202,3 +202,11 @@ def test_an_adam_run_is_judged_on_the_adam_floor():
     assert bench_select.ADAM_FLOOR in targets[0]["target"] and "on the Adam path" in targets[0]["target"]
     options = bench_select.options_for("exdyna", adam=True)
     assert options["dense_steps"] == 1 and options["adam"] == bench_select.AdamPath()
+    assert "second_moment_refresh" not in options
+    # --shared-v: the steps between refreshes, on the floor of the pass that does not write v
+    shared = bench_select.judge({**result, "shared_v": True})
+    assert [t["met"] for t in shared] == [t["met"] for t in targets]
+    assert all(bench_select.SHARED_V_FLOOR in t["target"] and "with v shared" in t["target"] for t in shared)
+    assert bench_select.options_for("exdyna", adam=True, shared_v=True)["second_moment_refresh"] \
+        == bench_select.SHARED_V_REFRESH > bench_select.ADAM_WARMUP
+
