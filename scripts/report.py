@@ -169,6 +169,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
     ("adam-quality.md", "Quality under AdamW: the transformer task, every method plain and on the Adam path",
      "python scripts/adam_quality.py --jobs 2 (4 simulated ranks, 2000 steps, ρ = 0.01 and 0.001; "
      "docs/methods.md#adam-and-adamw)"),
+    ("adam-quality-10k/adam-quality.md", "Quality under AdamW over 10,000 steps at ρ = 0.001",
+     "python scripts/adam_quality.py --long --methods lags --variants adam-shared-v --jobs 2 "
+     "(4 simulated ranks; the moonshot's long run)"),
     ("adam-twin-tf.md", "The Adam path in TensorFlow: the transformer task's Keras twin beside PyTorch",
      "python scripts/adam_twin_tf.py (2 ranks, 1000 steps, ρ = 0.01; real Horovod TensorFlow jobs)"),
     ("gpt2-adam.md", "A real transformer under AdamW: the Hugging Face GPT-2 example in both faces",
@@ -222,7 +225,7 @@ def collected_targets(bench: Path) -> list[tuple[str, str, str]]:
                  "e2e-models-packed.json", "e2e-models-corr-packed.json", "e2e-models-baselines.json",
                  "e2e-tf.json", "e2e-tf-models-packed.json", "time-to-accuracy/tta.json",
                  "time-to-accuracy-gpt/tta.json",
-                 "adam-quality.json", "adam-twin-tf.json",
+                 "adam-quality.json", "adam-quality-10k/adam-quality.json", "adam-twin-tf.json",
                  "gpt2-adam.json", "lever-safety.json",
                  "select-adam/select.json", "select-adam-shared-v/select.json",
                  "ddp-1gbit/ddp.json"):
@@ -378,6 +381,7 @@ CURRENT = {
     "select.md": "Selection cost",
     "fidelity.md": "Fidelity: density, imbalance, build-up",
     "adam-quality.md": "Quality under AdamW (the transformer task)",
+    "adam-quality-10k/adam-quality.md": "Quality under AdamW over 10,000 steps",
     "gpt2-adam.md": "Quality on a real transformer (GPT-2, both faces)",
     "adam-twin-tf.md": "Quality in TensorFlow (the Keras twin beside PyTorch)",
     "lever-safety.md": "Quality: are the SGD levers safe?",

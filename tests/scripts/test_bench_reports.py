@@ -210,3 +210,25 @@ def test_an_adam_run_is_judged_on_the_adam_floor():
     assert bench_select.options_for("exdyna", adam=True, shared_v=True)["second_moment_refresh"] \
         == bench_select.SHARED_V_REFRESH > bench_select.ADAM_WARMUP
 
+
+def test_the_long_adam_run_is_held_to_the_long_moonshot():
+    """``adam_quality.py --long --variants adam-shared-v``: dense and the chosen variant only, at
+    10,000 steps, judged against the long moonshot (5% of dense) with no plain run beside it."""
+    import math
+
+    import adam_quality
+
+    args = adam_quality.parse_args(["--long", "--methods", "lags", "--variants", "adam-shared-v"])
+    assert args.steps == 10_000 and args.variants == ("adam-shared-v",) and args.densities == [0.001]
+    assert [job[0] for job in adam_quality.jobs_of(args)] == ["dense/1", "lags+adam-shared-v/0.001"]
+
+    def run(perplexity: float, sent: float) -> dict:
+        return {"perplexity": perplexity, "heldout_loss": math.log(perplexity), "train_loss": 3.0,
+                "payload_sent": sent}
+
+    report = {"config": {"steps": 10_000, "densities": [0.001], "methods": {"lags": ("lags", {})}},
+              "runs": {"dense/1": run(30.0, 100.0), "lags+adam-shared-v/0.001": run(31.4, 10.0)}}
+    (target,) = adam_quality.targets(report)
+    assert target["met"] and "within 5%" in target["target"] and "after 10,000 steps" in target["target"]
+    report["runs"]["lags+adam-shared-v/0.001"] = run(31.6, 10.0)   # 1.053x
+    assert not adam_quality.targets(report)[0]["met"]
