@@ -170,8 +170,9 @@ SECTIONS = [  # (fragment, title, the full run's command; every script's docstri
      "python scripts/adam_quality.py --jobs 2 (4 simulated ranks, 2000 steps, ρ = 0.01 and 0.001; "
      "docs/methods.md#adam-and-adamw)"),
     ("adam-quality-10k/adam-quality.md", "Quality under AdamW over 10,000 steps at ρ = 0.001",
-     "python scripts/adam_quality.py --long --methods lags --variants adam-shared-v --jobs 2 "
-     "(4 simulated ranks; the moonshot's long run)"),
+     "python scripts/adam_quality.py --long --methods lags --variants adam-shared-v --jobs 2, then "
+     "python scripts/adam_quality.py --long --resume (4 simulated ranks; the moonshot's long run: LAGS "
+     "with the shared v, then ExDyna tracking with its own)"),
     ("adam-twin-tf.md", "The Adam path in TensorFlow: the transformer task's Keras twin beside PyTorch",
      "python scripts/adam_twin_tf.py (2 ranks, 1000 steps, ρ = 0.01; real Horovod TensorFlow jobs)"),
     ("gpt2-adam.md", "A real transformer under AdamW: the Hugging Face GPT-2 example in both faces",
