@@ -52,6 +52,7 @@ from pathlib import Path
 from unittest import mock
 
 from results import pyplot, save
+from workers.bench_e2e_worker import ADAM_PATH, REFRESH, SHARED_V, SHARED_V_EVERY
 
 from hvd_sparse.algorithms.corrections import ADAM_DENSE_STEPS
 from hvd_sparse.sim import words
@@ -123,11 +124,9 @@ def adamw_training(setup: Setup, name: str) -> tuple[str, dict, float, dict]:
     return method, {**options, **(path or {})}, setup.density, {**recipe, "adam_path": path is not None}
 
 
-ADAM_PATH = "+adam"
-# The Adam path with the shared second moment (docs/methods.md#adam-and-adamw), refreshed every
-# SHARED_V_EVERY sparse steps: 5% of dense's bytes on top of the path's.
-SHARED_V = "+adam-shared-v"
-SHARED_V_EVERY = 20
+# The Adam path ("+adam"), and with the shared second moment ("+adam-shared-v",
+# docs/methods.md#adam-and-adamw), refreshed every SHARED_V_EVERY sparse steps: 5% of dense's
+# bytes on top of the path's. The names are bench_e2e's configurations.
 
 
 def adam_variant(name: str) -> tuple[str, dict | None]:
@@ -251,22 +250,25 @@ def target_of(report: dict, world_size: int) -> float:
 
 
 # --- time per step: real Horovod jobs ---------------------------------------------------------------
-def e2e_config(name: str) -> str:
-    """The bench_e2e configuration that times ``name``: the path's own for the shared second
-    moment, whose refreshes ``step_seconds`` adds."""
-    return name.removesuffix(SHARED_V) + ADAM_PATH if name.endswith(SHARED_V) else name
+def e2e_configs(name: str) -> list[str]:
+    """The bench_e2e configurations that time ``name``: for the shared second moment its own (a
+    step between refreshes) and the one that refreshes every step."""
+    if name.endswith(SHARED_V):
+        return [name, name.removesuffix(SHARED_V) + REFRESH]
+    return [name]
 
 
 def step_seconds(name: str, steps: dict) -> float | None:
-    """A configuration's step from the measured ones (``steps``: bench_e2e configuration ->
-    seconds). With the shared second moment: the path's step plus a dense allreduce (dense's step
-    less the step without communication) every ``SHARED_V_EVERY`` steps."""
-    step = steps.get(e2e_config(name))
-    if step is None or not name.endswith(SHARED_V):
-        return step
-    if "local" not in steps or "dense" not in steps:
+    """A configuration's mean step from the measured ones (``steps``: bench_e2e configuration ->
+    median seconds). With the shared second moment: a step between refreshes, and every
+    ``SHARED_V_EVERY``-th step a refresh step, both measured."""
+    measured = [steps.get(config) for config in e2e_configs(name)]
+    if any(step is None for step in measured):
         return None
-    return step + (steps["dense"] - steps["local"]) / SHARED_V_EVERY
+    if not name.endswith(SHARED_V):
+        return measured[0]
+    between, refresh = measured
+    return between + (refresh - between) / SHARED_V_EVERY
 
 
 def measure_step_times(setup: Setup, out_dir: Path, configs: list[str], sizes: list[int],
@@ -275,7 +277,8 @@ def measure_step_times(setup: Setup, out_dir: Path, configs: list[str], sizes: l
     out = out_dir / "step-times"
     cmd = [sys.executable, str(HERE / "bench_e2e.py"), "--models", setup.e2e_model,
            "--nets", *nets, "--sizes", *map(str, sizes),
-           "--configs", ",".join(dict.fromkeys(["local", *map(e2e_config, configs)])),
+           "--configs", ",".join(dict.fromkeys(["local", *(c for name in configs
+                                                           for c in e2e_configs(name))])),
            "--density", repr(setup.density), "--optimizer", setup.optimizer,
            "--settle", str(setup.settle),
            "--repeats", str(repeats), "--out", str(out)]
@@ -412,8 +415,9 @@ def markdown(setup: Setup, report: dict, table: dict, targets: list[dict], figur
              f"{setup.budget:g}x dense's steps. Curves from the simulator, step times from real "
              f"Horovod jobs (scripts/bench_e2e.py, model `{setup.e2e_model}`); warm-up steps and the "
              "Adam path's dense steps charged at dense's step time. `+adam-shared-v`: the path with "
-             f"`second_moment_refresh={SHARED_V_EVERY}`, its step the path's measured one plus a dense "
-             f"allreduce (dense's step less `local`'s) every {SHARED_V_EVERY} steps.", ""]
+             f"`second_moment_refresh={SHARED_V_EVERY}`, its mean step from two measured ones: the "
+             f"median step of that configuration, one between refreshes, and of `+adam-refresh`, which "
+             f"refreshes every step; one step in {SHARED_V_EVERY} is a refresh.", ""]
     for size in sorted({size for by_size in table.values() for size in by_size}, key=int):
         lines += size_table(setup, size, {net: by_size[size] for net, by_size in table.items()
                                           if size in by_size})

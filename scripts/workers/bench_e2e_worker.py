@@ -72,6 +72,15 @@ CONFIGS.update({f"{name}+corr{UNPACKED}": (CONFIGS[name][0], {**STEADY_RECIPE, "
 ADAM_PATH = "+adam"
 CONFIGS.update({f"{name}{ADAM_PATH}": (CONFIGS[name][0], {**CONFIGS[name][1], "adam_path": True})
                 for name in CORRECTED})
+# "<method>+adam-shared-v": the path with Adam's v shared by the ranks, refreshed every
+# SHARED_V_EVERY sparse steps (``second_moment_refresh``): its median step is one between
+# refreshes. "<method>+adam-refresh": a refresh on every sparse step, so its median is a refresh
+# step. time_to_accuracy.py composes the shared v's mean step from the two.
+SHARED_V, REFRESH = "+adam-shared-v", "+adam-refresh"
+SHARED_V_EVERY = 20
+CONFIGS.update({f"{name}{suffix}": (CONFIGS[name][0], {**CONFIGS[name][1], "adam_path": True,
+                                                       "second_moment_refresh": every})
+                for name in CORRECTED for suffix, every in ((SHARED_V, SHARED_V_EVERY), (REFRESH, 1))})
 
 # "<config>@ref": the same configuration with the kernels off (the reference path), so one job
 # measures what the kernels change, side by side with everything else.

@@ -126,3 +126,20 @@ def test_the_command_line_takes_the_study_defaults_and_refuses_other_configurati
         tta.parse_args(["--task", "gpt", "--configs", "micro+corr"])
     with pytest.raises(SystemExit):
         tta.parse_args(["--task", "gpt", "--validate", "dense@1gbit"])
+
+
+def test_the_shared_second_moments_step_is_composed_from_two_measured_ones():
+    """``+adam-shared-v``: timed as itself (its median is a step between refreshes) and as
+    ``+adam-refresh`` (a refresh every step); one step in ``SHARED_V_EVERY`` is a refresh. A
+    configuration without both measured has no step."""
+    import bench_e2e
+
+    assert tta.e2e_configs("micro+adam-shared-v") == ["micro+adam-shared-v", "micro+adam-refresh"]
+    assert tta.e2e_configs("micro+adam") == ["micro+adam"]
+    for config in tta.e2e_configs("micro+adam-shared-v"):
+        assert bench_e2e.known(config)
+    steps = {"micro+adam": 0.040, "micro+adam-shared-v": 0.038, "micro+adam-refresh": 0.078}
+    assert tta.step_seconds("micro+adam", steps) == 0.040
+    assert tta.step_seconds("micro+adam-shared-v", steps) == pytest.approx(0.038 + 0.040 / tta.SHARED_V_EVERY)
+    del steps["micro+adam-refresh"]
+    assert tta.step_seconds("micro+adam-shared-v", steps) is None
