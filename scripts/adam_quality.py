@@ -29,6 +29,8 @@ moonshots: within 5% of dense's held-out perplexity at ρ = 0.01 and 15% at ρ =
     OMP_NUM_THREADS=1 python scripts/adam_quality.py --long --jobs 2     # 10,000 steps at ρ = 0.001
     OMP_NUM_THREADS=1 python scripts/adam_quality.py --resume --shared-v --densities 0.01 --jobs 2
     OMP_NUM_THREADS=1 python scripts/adam_quality.py --long --methods lags --variants adam-shared-v --jobs 2
+    OMP_NUM_THREADS=1 python scripts/adam_quality.py --resume --seeds 1 2 --methods micro deft \
+        --densities 0.01 --variants plain adam adam-shared-v --jobs 2     # more seeds, beside seed 0
 
 Writes bench/adam-quality.{json,md,png} (``--long``: bench/adam-quality-10k/; ``--quick``:
 bench/quick/). ``--resume`` keeps the runs already in the JSON.
@@ -84,6 +86,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"also the path with a shared second moment (refreshed every {SHARED_V_EVERY})")
     parser.add_argument("--variants", nargs="+", choices=list(LABELS), default=None,
                         help="which runs of each method (default: plain and adam; --long: adam)")
+    parser.add_argument("--seeds", nargs="+", type=int, default=[0],
+                        help="seeds of model and data (default 0); the tables show seed 0, the "
+                             "others are reported beside it, per seed and on the mean")
     parser.add_argument("--out-dir", type=Path, default=None)
     args = parser.parse_args(argv)
     if args.quick and args.long:
@@ -100,27 +105,31 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_key(name: str, density: float) -> str:
-    return f"{name}/{density:g}"
+def run_key(name: str, density: float, seed: int = 0) -> str:
+    """A run's key in the report: seed 0's as it always was, another seed's with ``@seed<s>``."""
+    return f"{name}/{density:g}" + (f"@seed{seed}" if seed else "")
 
 
 LABELS = {"plain": "", "adam": "+adam", "adam-shared-v": SHARED_V}   # variant -> suffix of its runs
 
 
-def jobs_of(args: argparse.Namespace) -> list[tuple[str, str, float, str]]:
-    """(key, method name, density, variant) of every run of the matrix; dense once."""
-    jobs = [(run_key("dense", 1.0), "dense", 1.0, "plain")]
-    for density in args.densities:
-        for name in args.methods:
-            for variant in args.variants:
-                jobs.append((run_key(name + LABELS[variant], density), name, density, variant))
+def jobs_of(args: argparse.Namespace) -> list[tuple[str, str, float, str, int]]:
+    """(key, method name, density, variant, seed) of every run of the matrix; dense once a seed."""
+    jobs = []
+    for seed in args.seeds:
+        jobs.append((run_key("dense", 1.0, seed), "dense", 1.0, "plain", seed))
+        for density in args.densities:
+            for name in args.methods:
+                for variant in args.variants:
+                    key = run_key(name + LABELS[variant], density, seed)
+                    jobs.append((key, name, density, variant, seed))
     return jobs
 
 
-def run_one(job: tuple[str, str, float, str], steps: int, evaluate_every: int) -> tuple[str, dict]:
+def run_one(job: tuple[str, str, float, str, int], steps: int, evaluate_every: int) -> tuple[str, dict]:
     """One run of the matrix in this process (one torch thread): what the report keeps of it."""
     torch.set_num_threads(1)
-    key, name, density, variant = job
+    key, name, density, variant, seed = job
     method, options = ("dense", {}) if name == "dense" else METHODS[name]
     if variant == "adam-shared-v":
         options = {**options, "second_moment_refresh": SHARED_V_EVERY}
@@ -129,9 +138,8 @@ def run_one(job: tuple[str, str, float, str], steps: int, evaluate_every: int) -
     records = simulate_counted(
         method, WORLD_SIZE, steps, density=density, task=RECIPE["task"], options=options,
         batch_size=RECIPE["batch_size"], lr=RECIPE["lr"], optimizer=RECIPE["optimizer"],
-        weight_decay=RECIPE["weight_decay"], adam_path=adam, seed=RECIPE["seed"],
-        evaluate_every=evaluate_every)
-    return key, condense(records, name, density, adam, time.perf_counter() - started)
+        weight_decay=RECIPE["weight_decay"], adam_path=adam, seed=seed, evaluate_every=evaluate_every)
+    return key, {**condense(records, name, density, adam, time.perf_counter() - started), "seed": seed}
 
 
 def condense(records: list[dict], name: str, density: float, adam: bool, seconds: float) -> dict:
@@ -153,7 +161,8 @@ def run_all(args: argparse.Namespace, out_json: Path) -> dict:
     kept = report.get("config", {})   # --resume: the saved runs' methods and densities stay reported
     methods = list(dict.fromkeys([*kept.get("methods", {}), *args.methods]))
     densities = sorted({*kept.get("densities", []), *args.densities}, reverse=True)
-    report["config"] = {"recipe": RECIPE, "world_size": WORLD_SIZE, "steps": args.steps,
+    seeds = sorted({*kept.get("seeds", [0]), *args.seeds})
+    report["config"] = {"recipe": RECIPE, "world_size": WORLD_SIZE, "steps": args.steps, "seeds": seeds,
                         "methods": {m: METHODS[m] for m in methods}, "densities": densities,
                         "python": platform.python_version(), "torch": torch.__version__,
                         "machine": machine_info()}
@@ -172,9 +181,10 @@ def run_all(args: argparse.Namespace, out_json: Path) -> dict:
 
 
 def dense_payload(report: dict) -> float:
-    """A dense step's payload per rank: every entry once, 4 bytes (the dense run's own figure)."""
-    dense = report["runs"].get(run_key("dense", 1.0))
-    return dense["payload_sent"] if dense else math.nan
+    """A dense step's payload per rank: every entry once, 4 bytes (a dense run's own figure, the
+    same at every seed)."""
+    dense = [run for key, run in report["runs"].items() if key.split("@")[0] == run_key("dense", 1.0)]
+    return dense[0]["payload_sent"] if dense else math.nan
 
 
 # --- the report ------------------------------------------------------------------------------------
@@ -206,6 +216,37 @@ def rows(report: dict, suffix: str = "+adam") -> list[dict]:
     return out
 
 
+def seed_rows(report: dict) -> list[dict]:
+    """The (method, density, path) runs at more than one seed: per seed the share of its plain
+    run's gap closed (each against dense at that seed), and the share on the held-out losses
+    averaged over those seeds."""
+    runs = report["runs"]
+    seeds = sorted({0, *(int(key.split("@seed")[1]) for key in runs if "@seed" in key)})
+    out = []
+    for density in report["config"]["densities"]:
+        for name in report["config"]["methods"]:
+            for suffix in ("+adam", SHARED_V):
+                trios = {seed: [runs.get(run_key(n, d, seed)) for n, d in
+                                ((name, density), (name + suffix, density), ("dense", 1.0))]
+                         for seed in seeds}
+                complete = {seed: trio for seed, trio in trios.items() if all(trio)}
+                if len(complete) > 1:
+                    out.append(_over_seeds(name, density, suffix, complete))
+    return out
+
+
+def _over_seeds(name: str, density: float, suffix: str, trios: dict[int, list[dict]]) -> dict:
+    """``seed_rows``' row of one (method, density, path) from its (plain, path, dense) runs a seed."""
+    def closed(plain: dict, path: dict, dense: dict) -> float:
+        return gap_closed(plain["heldout_loss"], path["heldout_loss"], dense["heldout_loss"])
+
+    mean = [{"heldout_loss": float(np.mean([trio[i]["heldout_loss"] for trio in trios.values()]))}
+            for i in range(3)]
+    return {"method": name, "density": density, "suffix": suffix, "seeds": list(trios),
+            "per_seed": {seed: closed(*trio) for seed, trio in trios.items()}, "closed": closed(*mean),
+            "bytes": max(path["payload_sent"] / dense["payload_sent"] for _, path, dense in trios.values())}
+
+
 def targets(report: dict) -> list[dict]:
     """The issue's targets as scripts/report.py collects them: met or not, with the figures. A run
     of ``LONG``'s length is held to the long moonshot, and needs no plain run beside it."""
@@ -232,6 +273,17 @@ def targets(report: dict) -> list[dict]:
                                   + (f" after {steps:,} steps" if long else ""),
                         "met": bool(row["ppl_ratio"] <= 1 + moon),
                         "figure": f"{row['ppl_ratio']:.3f}x dense; {share:.1%} of dense's bytes"})
+    for row in seed_rows(report):
+        path = "the Adam path" + (" with a shared second moment" if row["suffix"] == SHARED_V else "")
+        seeds = ", ".join(map(str, row["seeds"]))
+        out.append({"target": f"{row['method']} on {path} closes at least half of its plain gap to "
+                              f"dense AdamW at ρ = {row['density']:g} with at most {BYTES_SHARE:.0%} of "
+                              f"dense's bytes, on the held-out loss averaged over seeds {seeds} (transformer "
+                              f"task, {WORLD_SIZE} ranks, {steps} steps)",
+                    "met": bool(row["closed"] >= GAP_SHARE and row["bytes"] <= BYTES_SHARE),
+                    "figure": f"{row['closed']:.0%} on the mean (per seed: "
+                              + ", ".join(f"{closed:.0%}" for closed in row["per_seed"].values())
+                              + f"); at most {row['bytes']:.1%} of dense's bytes"})
     return out
 
 
@@ -262,6 +314,7 @@ def markdown(report: dict, figure: str | None) -> str:
             if plain or any(cell != "-" for cell in cells):
                 shown = f"{plain['perplexity']:.2f}" if plain else "-"
                 out.append(f"| {name} | {density:g} | {shown} | " + " | ".join(cells) + " |")
+    out += seeds_table(report)
     if config["steps"] >= LONG["steps"]:
         out += ["", "Lowest held-out perplexity during the run (a long run can overfit the corpus): "
                 + "; ".join(f"{key.split('/')[0]} {min(p for _, p in run['curve']):.2f} (step "
@@ -285,6 +338,35 @@ def markdown(report: dict, figure: str | None) -> str:
     return "\n".join(out) + "\n"
 
 
+def seeds_table(report: dict) -> list[str]:
+    """The runs at more than one seed (``seed_rows``): per seed, held-out perplexity plain → on
+    the path (dense at that seed; the share of the gap closed), and the share on the mean loss."""
+    rows_ = seed_rows(report)
+    if not rows_:
+        return []
+    seeds = sorted({seed for row in rows_ for seed in row["seeds"]})
+    out = ["", "At more seeds (model and data seeded alike, the same recipe; judged beside seed 0 on the "
+           "held-out loss averaged over the seeds). Each cell: held-out perplexity plain → on the path "
+           "(dense's at that seed; the share of the gap closed).", "",
+           "| method | ρ | path | " + " | ".join(f"seed {s}" for s in seeds) + " | on the mean loss |",
+           "|---|---|---|" + "---|" * (len(seeds) + 1)]
+    for row in rows_:
+        cells = []
+        for seed in seeds:
+            if seed not in row["seeds"]:
+                cells.append("-")
+                continue
+            name, density = row["method"], row["density"]
+            plain, path, dense = (report["runs"][run_key(n, d, seed)] for n, d in
+                                  ((name, density), (name + row["suffix"], density), ("dense", 1.0)))
+            cells.append(f"{plain['perplexity']:.2f} → {path['perplexity']:.2f} ({dense['perplexity']:.2f}; "
+                         f"{row['per_seed'][seed]:.0%})")
+        kind = "shared v" if row["suffix"] == SHARED_V else "own v"
+        out.append(f"| {row['method']} | {row['density']:g} | {kind} | " + " | ".join(cells)
+                   + f" | {row['closed']:.0%} |")
+    return out
+
+
 def path_cell(row: dict | None) -> str:
     if row is None:
         return "-"
@@ -296,7 +378,9 @@ def target_label(target: dict) -> str:
     """'<method> at ρ = x' (with 'shared v' where it was on that path) of a ``targets`` entry."""
     method = target["target"].removeprefix("moonshot: ").split(" on ")[0]
     shared = " (shared v)" if "shared second moment" in target["target"] else ""
-    return f"{method}{shared} at ρ = {target['target'].split('ρ = ')[1].split(' ')[0]}"
+    seeds = target["target"].partition("averaged over seeds ")[2].partition(" (")[0]
+    return (f"{method}{shared} at ρ = {target['target'].split('ρ = ')[1].split(' ')[0]}"
+            + (f" on the mean of seeds {seeds}" if seeds else ""))
 
 
 def plot(report: dict, path: Path) -> str | None:

@@ -232,3 +232,33 @@ def test_the_long_adam_run_is_held_to_the_long_moonshot():
     assert target["met"] and "within 5%" in target["target"] and "after 10,000 steps" in target["target"]
     report["runs"]["lags+adam-shared-v/0.001"] = run(31.6, 10.0)   # 1.053x
     assert not adam_quality.targets(report)[0]["met"]
+
+
+def test_runs_at_more_seeds_are_judged_on_the_mean_loss():
+    """``adam_quality.py --seeds``: a run at seed s is keyed ``@seed<s>``; a (method, path) with
+    plain, path and dense runs at two or more seeds gets a target on the held-out loss averaged
+    over them, with every seed's share of the gap shown; seed 0's targets stay as they were."""
+    import math
+
+    import adam_quality
+
+    args = adam_quality.parse_args(["--seeds", "0", "1", "--methods", "deft", "--densities", "0.01",
+                                    "--variants", "plain", "adam"])
+    assert [job[0] for job in adam_quality.jobs_of(args)] == [
+        "dense/1", "deft/0.01", "deft+adam/0.01", "dense/1@seed1", "deft/0.01@seed1", "deft+adam/0.01@seed1"]
+
+    def run(loss: float) -> dict:
+        return {"perplexity": math.exp(loss), "heldout_loss": loss, "train_loss": 3.0, "payload_sent": 6.0}
+
+    losses = {"dense/1": 3.4, "deft/0.01": 3.6, "deft+adam/0.01": 3.59,            # seed 0: 5% closed
+              "dense/1@seed1": 3.4, "deft/0.01@seed1": 4.0, "deft+adam/0.01@seed1": 3.6}   # seed 1: 67%
+    report = {"config": {"steps": 2000, "densities": [0.01], "methods": {"deft": ("deft", {})}},
+              "runs": {key: run(loss) for key, loss in losses.items()}}
+    report["runs"]["dense/1"]["payload_sent"] = report["runs"]["dense/1@seed1"]["payload_sent"] = 100.0
+    by_target = {t["target"]: t for t in adam_quality.targets(report)}
+    averaged = [t for name, t in by_target.items() if "averaged over seeds 0, 1" in name]
+    assert len(averaged) == 1 and averaged[0]["met"]            # (0.01 + 0.4) / (0.2 + 0.6) = 51%
+    assert "51% on the mean (per seed: 5%, 67%)" in averaged[0]["figure"]
+    seed_zero = [t for name, t in by_target.items() if name.startswith("deft on") and "averaged" not in name]
+    assert len(seed_zero) == 1 and not seed_zero[0]["met"]
+    assert "| deft | 0.01 | own v |" in adam_quality.markdown(report, None)
