@@ -597,7 +597,7 @@ def tensorflow_single_threaded() -> bool:
     return True
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--sizes", type=float, nargs="+", default=[1e5, 1e6, 1e7, 25e6])
     parser.add_argument("--world-size", type=int, default=4, help="for the method sweep")
@@ -629,6 +629,11 @@ def main() -> None:
         parser.error("--shared-v is an option of the Adam path: add --adam")
     if args.quick:
         args.sizes, args.world_sizes, args.repeats = [1e6, 25e6], [1, 2, 4, 8], 3
+    return args
+
+
+def main() -> None:
+    args = parse_args()
     torch.set_num_threads(1)   # one core per rank, as on a real node
     args.tensorflow = args.tensorflow and args.device == "cpu" and tensorflow_single_threaded()
     sizes = [int(s) for s in args.sizes]

@@ -9,6 +9,7 @@ import inspect
 import re
 import subprocess
 import sys
+import time
 from unittest import mock
 
 import numpy as np
@@ -257,7 +258,9 @@ def test_a_state_dropped_or_closed_ends_its_thread_and_frees_its_engine():
             with pytest.raises(RuntimeError, match="closed"):
                 train(model, state, 1)
         del state, wrapped
-        gc.collect()   # the finalizer closes the worker ...
-        thread.join(timeout=10)
-        gc.collect()   # ... whose last frames, on a loaded machine, may have outlived the first pass
+        deadline = time.monotonic() + 10
+        while thread.is_alive() and time.monotonic() < deadline:
+            gc.collect()   # the finalizer closes the worker, once a pass has freed the state
+            thread.join(timeout=0.2)
+        gc.collect()
         assert alive() is None and not thread.is_alive()
