@@ -242,49 +242,64 @@ def _over_seeds(name: str, density: float, suffix: str, trios: dict[int, list[di
 
     mean = [{"heldout_loss": float(np.mean([trio[i]["heldout_loss"] for trio in trios.values()]))}
             for i in range(3)]
-    return {"method": name, "density": density, "suffix": suffix, "seeds": list(trios),
+    return {"method": name, "density": density, "suffix": suffix, "seeds": list(trios), "runs": trios,
             "per_seed": {seed: closed(*trio) for seed, trio in trios.items()}, "closed": closed(*mean),
             "bytes": max(path["payload_sent"] / dense["payload_sent"] for _, path, dense in trios.values())}
 
 
+PATHS = {"+adam": "the Adam path", SHARED_V: "the Adam path with a shared second moment"}
+
+
 def targets(report: dict) -> list[dict]:
-    """The issue's targets as scripts/report.py collects them: met or not, with the figures. A run
-    of ``LONG``'s length is held to the long moonshot, and needs no plain run beside it."""
+    """The issue's targets as scripts/report.py collects them: met or not, with the figures, and
+    the short ``label`` this report's summary lines use. A run of ``LONG``'s length is held to the
+    long moonshot, and needs no plain run beside it."""
     out, steps = [], report["config"]["steps"]
-    for suffix, path in (("+adam", "the Adam path"), (SHARED_V, "the Adam path with a shared second moment")):
+    long = steps >= LONG["steps"]
+    for suffix in PATHS:
         for row in rows(report, suffix):
             if row["method"] not in SEED_METHODS:
                 continue
             density, share = row["density"], row["bytes"]
             if row["plain"] is not None:
                 closed = row.get("closed", math.nan)
-                figure = (f"{closed:.0%} of the gap closed: held-out loss {row['plain']['heldout_loss']:.3f} "
-                          f"plain, {row['path']['heldout_loss']:.3f} on the path, "
-                          f"{row['dense']['heldout_loss']:.3f} dense; {share:.1%} of dense's bytes")
-                out.append({"target": f"{row['method']} on {path} closes at least half of its plain gap to "
-                                      f"dense AdamW at ρ = {density:g} with at most {BYTES_SHARE:.0%} of "
-                                      f"dense's bytes (transformer task, {WORLD_SIZE} ranks, {steps} steps)",
-                            "met": bool(closed >= GAP_SHARE and share <= BYTES_SHARE),
-                            "figure": figure})
-            long = steps >= LONG["steps"]
+                out.append(_required(row["method"], suffix, density, steps, closed, share, "",
+                                     f"{closed:.0%} of the gap closed: held-out loss "
+                                     f"{row['plain']['heldout_loss']:.3f} plain, "
+                                     f"{row['path']['heldout_loss']:.3f} on the path, "
+                                     f"{row['dense']['heldout_loss']:.3f} dense; {share:.1%} of dense's "
+                                     "bytes"))
             moon = LONG_MOONSHOT if long else MOONSHOT.get(density, LONG_MOONSHOT)
-            out.append({"target": f"moonshot: {row['method']} on {path} within {moon:.0%} of dense "
+            out.append({"target": f"moonshot: {row['method']} on {PATHS[suffix]} within {moon:.0%} of dense "
                                   f"AdamW's held-out perplexity at ρ = {density:g}"
                                   + (f" after {steps:,} steps" if long else ""),
                         "met": bool(row["ppl_ratio"] <= 1 + moon),
-                        "figure": f"{row['ppl_ratio']:.3f}x dense; {share:.1%} of dense's bytes"})
+                        "figure": f"{row['ppl_ratio']:.3f}x dense; {share:.1%} of dense's bytes",
+                        "label": _label(row["method"], suffix, density)})
     for row in seed_rows(report):
-        path = "the Adam path" + (" with a shared second moment" if row["suffix"] == SHARED_V else "")
         seeds = ", ".join(map(str, row["seeds"]))
-        out.append({"target": f"{row['method']} on {path} closes at least half of its plain gap to "
-                              f"dense AdamW at ρ = {row['density']:g} with at most {BYTES_SHARE:.0%} of "
-                              f"dense's bytes, on the held-out loss averaged over seeds {seeds} (transformer "
-                              f"task, {WORLD_SIZE} ranks, {steps} steps)",
-                    "met": bool(row["closed"] >= GAP_SHARE and row["bytes"] <= BYTES_SHARE),
-                    "figure": f"{row['closed']:.0%} on the mean (per seed: "
-                              + ", ".join(f"{closed:.0%}" for closed in row["per_seed"].values())
-                              + f"); at most {row['bytes']:.1%} of dense's bytes"})
+        out.append(_required(row["method"], row["suffix"], row["density"], steps, row["closed"], row["bytes"],
+                             seeds, f"{row['closed']:.0%} on the mean (per seed: "
+                             + ", ".join(f"{closed:.0%}" for closed in row["per_seed"].values())
+                             + f"); at most {row['bytes']:.1%} of dense's bytes"))
     return out
+
+
+def _required(method: str, suffix: str, density: float, steps: int, closed: float, share: float,
+              seeds: str, figure: str) -> dict:
+    """The required target of one method on one path: at least half its plain gap closed within the
+    byte budget; ``seeds``: judged on the loss averaged over these seeds ("": seed 0 alone)."""
+    over = f", on the held-out loss averaged over seeds {seeds}" if seeds else ""
+    return {"target": f"{method} on {PATHS[suffix]} closes at least half of its plain gap to dense AdamW at "
+                      f"ρ = {density:g} with at most {BYTES_SHARE:.0%} of dense's bytes{over} (transformer "
+                      f"task, {WORLD_SIZE} ranks, {steps} steps)",
+            "met": bool(closed >= GAP_SHARE and share <= BYTES_SHARE), "figure": figure,
+            "label": _label(method, suffix, density) + (f" on the mean of seeds {seeds}" if seeds else "")}
+
+
+def _label(method: str, suffix: str, density: float) -> str:
+    """'<method> at ρ = x', with '(shared v)' on that path: a target in the summary lines."""
+    return f"{method}{' (shared v)' if suffix == SHARED_V else ''} at ρ = {density:g}"
 
 
 def markdown(report: dict, figure: str | None) -> str:
@@ -327,8 +342,8 @@ def markdown(report: dict, figure: str | None) -> str:
     for kind, test in (("Required (half the gap closed with at most 20% of dense's bytes)",
                         lambda t: not t["target"].startswith("moonshot")),
                        (f"Moonshot ({moonshot})", lambda t: t["target"].startswith("moonshot"))):
-        met = [target_label(t) for t in judged if test(t) and t["met"]]
-        missed = [target_label(t) for t in judged if test(t) and not t["met"]]
+        met = [t["label"] for t in judged if test(t) and t["met"]]
+        missed = [t["label"] for t in judged if test(t) and not t["met"]]
         if not met and not missed:
             continue
         out += ["", f"{kind}, seed methods: met by {', '.join(met) or 'none'}; not met by "
@@ -341,24 +356,22 @@ def markdown(report: dict, figure: str | None) -> str:
 def seeds_table(report: dict) -> list[str]:
     """The runs at more than one seed (``seed_rows``): per seed, held-out perplexity plain → on
     the path (dense at that seed; the share of the gap closed), and the share on the mean loss."""
-    rows_ = seed_rows(report)
-    if not rows_:
+    judged = seed_rows(report)
+    if not judged:
         return []
-    seeds = sorted({seed for row in rows_ for seed in row["seeds"]})
+    seeds = sorted({seed for row in judged for seed in row["seeds"]})
     out = ["", "At more seeds (model and data seeded alike, the same recipe; judged beside seed 0 on the "
            "held-out loss averaged over the seeds). Each cell: held-out perplexity plain → on the path "
            "(dense's at that seed; the share of the gap closed).", "",
            "| method | ρ | path | " + " | ".join(f"seed {s}" for s in seeds) + " | on the mean loss |",
            "|---|---|---|" + "---|" * (len(seeds) + 1)]
-    for row in rows_:
+    for row in judged:
         cells = []
         for seed in seeds:
             if seed not in row["seeds"]:
                 cells.append("-")
                 continue
-            name, density = row["method"], row["density"]
-            plain, path, dense = (report["runs"][run_key(n, d, seed)] for n, d in
-                                  ((name, density), (name + row["suffix"], density), ("dense", 1.0)))
+            plain, path, dense = row["runs"][seed]
             cells.append(f"{plain['perplexity']:.2f} → {path['perplexity']:.2f} ({dense['perplexity']:.2f}; "
                          f"{row['per_seed'][seed]:.0%})")
         kind = "shared v" if row["suffix"] == SHARED_V else "own v"
@@ -372,15 +385,6 @@ def path_cell(row: dict | None) -> str:
         return "-"
     closed = f"{row['closed']:.0%}" if "closed" in row else "no plain run"
     return f"{row['path']['perplexity']:.2f} ({row['ppl_ratio']:.3f}x; {closed}; {row['bytes']:.1%})"
-
-
-def target_label(target: dict) -> str:
-    """'<method> at ρ = x' (with 'shared v' where it was on that path) of a ``targets`` entry."""
-    method = target["target"].removeprefix("moonshot: ").split(" on ")[0]
-    shared = " (shared v)" if "shared second moment" in target["target"] else ""
-    seeds = target["target"].partition("averaged over seeds ")[2].partition(" (")[0]
-    return (f"{method}{shared} at ρ = {target['target'].split('ρ = ')[1].split(' ')[0]}"
-            + (f" on the mean of seeds {seeds}" if seeds else ""))
 
 
 def plot(report: dict, path: Path) -> str | None:
